@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs what fsdp-gitops needs, from package registries only (PyPI and the Go module proxy).
+#   bash tools/setup.sh        the generators' Python packages (click, PyYAML)
+#   bash tools/setup.sh test   also the trainer and test packages (torch, transformers, ...) and the
+#                              pinned Go tools (kustomize, kubeconform, age, actionlint) into .tools/bin
+# Pins live in requirements/*.txt (Python) and tools/go.mod (Go tools).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+python="${PYTHON:-python}"
+"$python" -m pip install --quiet --disable-pip-version-check -r "$root/requirements/generator.txt"
+if [ "${1:-}" = "test" ]; then
+  "$python" -m pip install --quiet --disable-pip-version-check -r "$root/requirements/test.txt"
+  (cd "$root/tools" && GOBIN="$root/.tools/bin" GOFLAGS=-mod=mod go install tool)
+fi

@@ -1,0 +1,124 @@
+"""Model architectures and accelerator peaks shared by the trainer and the generator.
+
+Pure data, no torch import. Parameter counts are computed from the architecture
+(`Architecture.num_params`) and checked in tests against the published figure in `published_params`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class Architecture:
+    name: str
+    hf_id: str  # Hugging Face repository id; empty for test-only architectures
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    rope_theta: float
+    rms_norm_eps: float
+    # Llama 3.1 rope scaling (None for Llama 2); passed through to transformers' LlamaConfig.
+    rope_scaling: tuple[tuple[str, object], ...] | None = None
+    # The parameter count the publisher states (0 for test-only architectures).
+    published_params: int = 0
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def num_embedding_params(self) -> int:
+        # Input embedding plus the untied output projection (lm_head).
+        return 2 * self.vocab_size * self.hidden_size
+
+    @property
+    def num_params(self) -> int:
+        h, kv = self.hidden_size, self.num_kv_heads * self.head_dim
+        attn = h * h + 2 * h * kv + h * h  # q, k, v, o projections (no biases in Llama)
+        mlp = 3 * h * self.intermediate_size  # gate, up, down
+        per_layer = attn + mlp + 2 * h  # two RMSNorm weights
+        return self.num_layers * per_layer + self.num_embedding_params + h  # final norm
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token: 6 x non-embedding params + 12 x layers x heads x head_dim x seq_len."""
+        non_embedding = self.num_params - self.num_embedding_params
+        return 6.0 * non_embedding + 12.0 * self.num_layers * self.num_heads * self.head_dim * seq_len
+
+    def hf_config(self) -> dict:
+        """Keyword arguments for transformers.LlamaConfig."""
+        out = dict(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_layers,
+            num_attention_heads=self.num_heads,
+            num_key_value_heads=self.num_kv_heads,
+            max_position_embeddings=self.max_position_embeddings,
+            rms_norm_eps=self.rms_norm_eps,
+            rope_theta=self.rope_theta,
+            tie_word_embeddings=False,
+        )
+        if self.rope_scaling is not None:
+            out["rope_scaling"] = dict(self.rope_scaling)
+        return out
+
+
+_LLAMA31_ROPE = (("rope_type", "llama3"), ("factor", 8.0), ("low_freq_factor", 1.0),
+                 ("high_freq_factor", 4.0), ("original_max_position_embeddings", 8192))
+
+MODELS: dict[str, Architecture] = {
+    a.name: a
+    for a in (
+        # Source: config.json of meta-llama/Llama-2-7b-hf; 6.74B parameters per the model card.
+        Architecture(name="llama2-7b", hf_id="meta-llama/Llama-2-7b-hf", num_layers=32, hidden_size=4096,
+                     num_heads=32, num_kv_heads=32, intermediate_size=11008, vocab_size=32000,
+                     max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-5,
+                     published_params=6_738_415_616),
+        # Source: config.json of meta-llama/Llama-2-13b-hf; 13.0B parameters per the model card.
+        Architecture(name="llama2-13b", hf_id="meta-llama/Llama-2-13b-hf", num_layers=40, hidden_size=5120,
+                     num_heads=40, num_kv_heads=40, intermediate_size=13824, vocab_size=32000,
+                     max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-5,
+                     published_params=13_015_864_320),
+        # Source: config.json of meta-llama/Llama-2-70b-hf (grouped-query attention, 8 KV heads).
+        Architecture(name="llama2-70b", hf_id="meta-llama/Llama-2-70b-hf", num_layers=80, hidden_size=8192,
+                     num_heads=64, num_kv_heads=8, intermediate_size=28672, vocab_size=32000,
+                     max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-5,
+                     published_params=68_976_648_192),
+        # Source: config.json of meta-llama/Llama-3.1-8B; 8.03B parameters per the model card.
+        Architecture(name="llama3.1-8b", hf_id="meta-llama/Llama-3.1-8B", num_layers=32, hidden_size=4096,
+                     num_heads=32, num_kv_heads=8, intermediate_size=14336, vocab_size=128256,
+                     max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5,
+                     rope_scaling=_LLAMA31_ROPE, published_params=8_030_261_248),
+        # Source: config.json of meta-llama/Llama-3.1-70B; 70.6B parameters per the model card.
+        Architecture(name="llama3.1-70b", hf_id="meta-llama/Llama-3.1-70B", num_layers=80, hidden_size=8192,
+                     num_heads=64, num_kv_heads=8, intermediate_size=28672, vocab_size=128256,
+                     max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5,
+                     rope_scaling=_LLAMA31_ROPE, published_params=70_553_706_496),
+        # Test-only: runs on CPU in seconds. Vocabulary covers the trainer's byte-level tokenizer.
+        Architecture(name="tiny", hf_id="", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2,
+                     intermediate_size=128, vocab_size=512, max_position_embeddings=2048,
+                     rope_theta=10000.0, rms_norm_eps=1e-5),
+    )
+}
+
+# Dense (no sparsity) bf16 tensor-core peak per GPU, FLOP/s, from NVIDIA's datasheets:
+# A100 SXM 312 TFLOP/s (A100 datasheet); H100 SXM 989 TFLOP/s (H100 datasheet, 1,979 with sparsity);
+# H200 SXM 989 TFLOP/s (H200 datasheet: same tensor cores as H100).
+GPU_PEAK_FLOPS: dict[str, float] = {
+    "A100": 312e12,
+    "H100": 989e12,
+    "H200": 989e12,
+}
+
+
+def peak_flops_for(device_name: str) -> float:
+    """Peak for a torch.cuda.get_device_name() string such as 'NVIDIA H200'; 0 when unknown."""
+    upper = device_name.upper()
+    for gpu, peak in GPU_PEAK_FLOPS.items():
+        if gpu in upper:
+            return peak
+    return 0.0
