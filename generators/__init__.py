@@ -1,0 +1,1 @@
+"""Generators: Click CLIs over an importable core that turn matrix.yaml into committed overlays."""
