@@ -1,0 +1,1104 @@
+"""Validate the repository the way CI and the cluster see it.
+
+    python generators/validate.py                       # the whole repository
+    python generators/validate.py overlays/runs/p5      # only what lies under the given paths
+    python generators/validate.py --crd-schemas ../shared/schemas/crds --k8s-version 1.33.0
+
+Steps, in order (each problem is one line `<file>: <Kind>/<name>: <message>` on stderr; exit 1 when
+there is any, 2 on a usage error):
+
+1. Parse every YAML file git knows about (tracked, or untracked and not ignored): syntax errors and
+   duplicate keys, with the line.
+2. `kustomize build --load-restrictor=LoadRestrictionsNone` every kustomization, as kustomize-controller
+   builds it. Components are built through the kustomizations that use them; a Component nothing uses
+   is built on its own, through an empty parent.
+3. `kubeconform -strict` on every build output and every plain manifest file (YAML outside
+   kustomizations that holds objects), with core schemas prepared from the `kubernetes-validate`
+   package for one pinned Kubernetes version and CRD schemas from --crd-schemas. A kind without a
+   schema is an error. Documents that are inputs of tools rather than cluster objects are routed by
+   NON_CLUSTER_SCHEMAS instead.
+4. The Flux graph of every bootstrap directory (a directory of plain manifests holding Flux
+   Kustomizations, e.g. overlays/clusters/<cluster>/): every spec.path of this repository exists and
+   builds, every dependsOn and sourceRef resolves (HelmRelease chart sources too), no dependsOn cycle,
+   and no object is applied by two Kustomizations.
+5. Semantic checks no schema can make: a PyTorchJob's GPUs and EFA interfaces fit its instance type,
+   torchrun's nproc per node equals its GPUs, rendezvous ids and checkpoint directories are unique
+   across runs, training pods are not privileged; anywhere: no `:latest` or untagged image, no
+   secret written inline in a command, an argument or an env value, no unencrypted Secret.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+import click
+import yaml
+
+if __package__ in (None, ""):  # run as `python generators/validate.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from generators.catalog import INSTANCE_TYPES, InstanceType, efa_for  # noqa: E402
+from generators.tools import REPO_ROOT, ToolNotFoundError, tool  # noqa: E402
+
+# Kubernetes version the core schemas are prepared for (the EKS version the clusters run).
+K8S_VERSION = "1.33.0"
+# CRD schemas: the datreeio/CRDs-catalog layout, beside the checkout unless the environment says otherwise.
+CRD_SCHEMAS_ENV = "FSDP_GITOPS_CRD_SCHEMAS"
+CRD_SCHEMA_TEMPLATE = "{{.Group}}/{{.ResourceKind}}_{{.ResourceAPIVersion}}.json"
+# kubeconform's own naming of core schemas (KindSuffix is -<group prefix>-<version>, e.g. -apps-v1).
+CORE_SCHEMA_TEMPLATE = "{{.ResourceKind}}{{.KindSuffix}}.json"
+# Prepared core schemas are cached here, one folder per Kubernetes version.
+SCHEMA_CACHE = REPO_ROOT / ".tools" / "schemas"
+# The machine has two cores; kustomize builds run this many at a time.
+BUILD_JOBS = 2
+KUSTOMIZATION_FILES = ("kustomization.yaml", "kustomization.yml", "Kustomization")
+YAML_SUFFIXES = (".yaml", ".yml")
+
+# Documents that are inputs of tools, not objects for a cluster: they never reach kubeconform with the
+# core and CRD schemas. (apiVersion, kind) -> JSON schema file to validate them against, relative to the
+# parent of the CRD schema directory (shared/schemas/), or None when another step checks them.
+NON_CLUSTER_SCHEMAS: dict[tuple[str, str], str | None] = {
+    # kustomize's own inputs: checked by building them.
+    ("kustomize.config.k8s.io/v1beta1", "Kustomization"): None,
+    ("kustomize.config.k8s.io/v1alpha1", "Component"): None,
+}
+
+FLUX_KUSTOMIZATION = ("kustomize.toolkit.fluxcd.io", "Kustomization")
+HELM_RELEASE = ("helm.toolkit.fluxcd.io", "HelmRelease")
+FLUX_SOURCE_GROUP = "source.toolkit.fluxcd.io"
+PYTORCHJOB = ("kubeflow.org", "PyTorchJob")
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+GPU_RESOURCE = "nvidia.com/gpu"
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+
+
+class UsageError(Exception):
+    """Bad command-line input or a missing prerequisite; the CLI exits 2."""
+
+
+@dataclass(frozen=True, order=True)
+class Problem:
+    """One finding: `<file>[:<line>]: [<Kind>/<name>: ]<message>`."""
+
+    file: str
+    line: int
+    obj: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        parts = [where, self.obj, self.message] if self.obj else [where, self.message]
+        return " ".join(": ".join(parts).split())
+
+
+@dataclass(frozen=True)
+class Doc:
+    """A YAML document and where it comes from (a file, or the kustomization that built it)."""
+
+    data: Any
+    file: str
+    line: int = 0
+
+
+@dataclass
+class Build:
+    """The output of `kustomize build` of one directory."""
+
+    dir: str
+    file: str  # the kustomization file, for messages
+    docs: list[Doc] = field(default_factory=list)
+    text: str = ""
+    error: str = ""
+
+
+@dataclass
+class Report:
+    problems: list[Problem]
+    num_yaml_files: int = 0
+    num_builds: int = 0
+    num_resources: int = 0
+    num_flux_kustomizations: int = 0
+    seconds: float = 0.0
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+def gvk(data: Any) -> tuple[str, str]:
+    """(group, kind) of a manifest; the core group is ""."""
+    if not isinstance(data, dict):
+        return "", ""
+    api = str(data.get("apiVersion") or "")
+    return (api.rsplit("/", 1)[0] if "/" in api else ""), str(data.get("kind") or "")
+
+
+def meta(data: Any, key: str) -> str:
+    m = data.get("metadata") if isinstance(data, dict) else None
+    return str(m.get(key) or "") if isinstance(m, dict) else ""
+
+
+def obj_name(data: Any) -> str:
+    """`Kind/name` (or `Kind/namespace/name`), as problems name objects."""
+    kind = str(data.get("kind") or "?") if isinstance(data, dict) else "?"
+    ns, name = meta(data, "namespace"), meta(data, "name") or "?"
+    return f"{kind}/{ns}/{name}" if ns else f"{kind}/{name}"
+
+
+def is_manifest(data: Any) -> bool:
+    return isinstance(data, dict) and ("apiVersion" in data or "kind" in data)
+
+
+def under(path: str, prefix: str) -> bool:
+    return prefix in ("", ".") or path == prefix or path.startswith(prefix.rstrip("/") + "/")
+
+
+def norm(path: str) -> str:
+    out = os.path.normpath(path).replace(os.sep, "/")
+    return "" if out == "." else out
+
+
+def is_remote(ref: str) -> bool:
+    return "://" in ref or ref.startswith(("github.com/", "git@")) or "?ref=" in ref
+
+
+def walk(value: Any) -> Iterator[Any]:
+    """Every dict and list inside value, value first."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            yield v
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            yield v
+            stack.extend(v)
+
+
+# ------------------------------------------------------------------------------------------ 1. parsing
+
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _StrictLoader(_Loader):  # type: ignore[misc, valid-type]
+    """Safe loader that rejects duplicate keys (kustomize and the API server reject them too)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:
+                continue  # unhashable key: the base constructor reports it
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first at line {first}); keep one", key_node.start_mark)
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_documents(text: str, file: str, loader: type = _StrictLoader) -> list[Doc]:
+    """The non-empty documents of a YAML text, each with its first line. Raises yaml.YAMLError."""
+    ld = loader(text)
+    try:
+        docs = []
+        while ld.check_node():
+            node = ld.get_node()
+            data = ld.construct_document(node)
+            if data is not None:
+                docs.append(Doc(data, file, node.start_mark.line + 1))
+        return docs
+    finally:
+        ld.dispose()
+
+
+def yaml_error(file: str, err: yaml.YAMLError) -> Problem:
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    line = mark.line + 1 if mark is not None else 0
+    what = " ".join(str(x) for x in (getattr(err, "context", None), getattr(err, "problem", None)) if x) or str(err)
+    return Problem(file, line, "", f"YAML: {what}")
+
+
+def repo_files(root: Path) -> list[str]:
+    """Files git knows about under root: tracked (and present) or untracked and not ignored."""
+    try:
+        out = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                             capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise UsageError(f"{root}: not a git work tree ({e}); validate a checkout of the repository") from e
+    names = sorted({n for n in out.decode().split("\0") if n})
+    return [n for n in names if (root / n).is_file()]
+
+
+# --------------------------------------------------------------------------------------- 2. kustomize
+
+def kustomization_refs(k: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """(resources and bases, components) plus every other local file a kustomization reads, as given."""
+    def strings(v: Any) -> list[str]:
+        return [x for x in v if isinstance(x, str)] if isinstance(v, list) else []
+
+    resources = strings(k.get("resources")) + strings(k.get("bases"))
+    components = strings(k.get("components"))
+    files: list[str] = strings(k.get("crds")) + strings(k.get("configurations")) + strings(k.get("transformers")) \
+        + strings(k.get("generators")) + strings(k.get("validators")) + strings(k.get("patchesStrategicMerge"))
+    for key in ("patches", "patchesJson6902", "replacements"):
+        for p in k.get(key) or []:
+            if isinstance(p, dict) and isinstance(p.get("path"), str):
+                files.append(p["path"])
+    for key in ("configMapGenerator", "secretGenerator"):
+        for g in k.get(key) or []:
+            if isinstance(g, dict):
+                files += [f.split("=", 1)[-1] for f in strings(g.get("files"))] + strings(g.get("envs"))
+                if isinstance(g.get("env"), str):
+                    files.append(g["env"])
+    return resources, components + files
+
+
+class Repo:
+    """What validation knows about a checkout: its files, parsed YAML, kustomizations and builds."""
+
+    def __init__(self, root: Path, files: Sequence[str]):
+        self.root = root
+        self.files = list(files)
+        self.yaml_files = [f for f in self.files if f.endswith(YAML_SUFFIXES) or PurePosixPath(f).name == "Kustomization"]
+        self.docs: dict[str, list[Doc]] = {}
+        self.kfiles: dict[str, str] = {}  # kustomization dir -> its kustomization file
+        self.builds: dict[str, Build] = {}
+        self.dirs = {norm(str(PurePosixPath(f).parent)) for f in self.files}
+        for f in self.files:
+            for parent in PurePosixPath(f).parents:
+                self.dirs.add(norm(str(parent)))
+
+    def parse(self, problems: list[Problem]) -> None:
+        for f in self.yaml_files:
+            try:
+                text = (self.root / f).read_text(encoding="utf-8")
+                self.docs[f] = load_documents(text, f)
+            except yaml.YAMLError as e:
+                problems.append(yaml_error(f, e))
+                self.docs[f] = []
+            except UnicodeDecodeError as e:
+                problems.append(Problem(f, 0, "", f"not UTF-8 text: {e}"))
+                self.docs[f] = []
+            if PurePosixPath(f).name in KUSTOMIZATION_FILES:
+                self.kfiles.setdefault(norm(str(PurePosixPath(f).parent)), f)
+
+    def kustomization(self, d: str) -> dict:
+        docs = self.docs.get(self.kfiles[d], [])
+        return docs[0].data if docs and isinstance(docs[0].data, dict) else {}
+
+    def is_component(self, d: str) -> bool:
+        return self.kustomization(d).get("kind") == "Component"
+
+    def local_refs(self, d: str) -> tuple[list[str], list[str]]:
+        """(kustomization dirs this one builds on, files it reads), repository-relative."""
+        dirs, files = [], []
+        resources, others = kustomization_refs(self.kustomization(d))
+        for ref in resources + others:
+            if is_remote(ref):
+                continue
+            p = norm(os.path.join(d, ref))
+            if p.startswith("../"):
+                continue  # outside the repository: kustomize reports it if it is missing
+            (dirs if p in self.kfiles else files).append(p)
+        return dirs, files
+
+    def input_files(self) -> set[str]:
+        """Files that are inputs of some kustomization (not manifests on their own)."""
+        out: set[str] = set()
+        for d in self.kfiles:
+            out.update(f for f in self.files if under(f, d))
+            out.update(self.local_refs(d)[1])
+        return out
+
+    def build(self, d: str, kustomize: str) -> Build:
+        b = Build(d, self.kfiles.get(d, d))
+        if self.is_component(d):
+            # A Component cannot be built alone; build it through an empty parent, as a user would.
+            with tempfile.TemporaryDirectory() as tmp:
+                Path(tmp, "kustomization.yaml").write_text(
+                    f"apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\ncomponents:\n"
+                    f"  - {json.dumps(str(self.root / d))}\n")
+                proc = _kustomize(kustomize, tmp)
+        else:
+            proc = _kustomize(kustomize, str(self.root / d))
+        if proc.returncode != 0:
+            err = proc.stderr.replace(str(self.root) + "/", "").strip()
+            b.error = " ".join((err.splitlines() or ["kustomize failed"])[0].removeprefix("Error: ").split())
+            return b
+        b.text = proc.stdout
+        try:
+            b.docs = [Doc(x.data, b.file) for x in load_documents(proc.stdout, b.file, _Loader)]
+        except yaml.YAMLError as e:
+            b.error = f"kustomize printed unparsable YAML: {e}"
+        return b
+
+    def build_all(self, dirs: Iterable[str], kustomize: str) -> None:
+        todo = [d for d in dict.fromkeys(dirs) if d not in self.builds]
+        with concurrent.futures.ThreadPoolExecutor(BUILD_JOBS) as pool:
+            for b in pool.map(lambda d: self.build(d, kustomize), todo):
+                self.builds[b.dir] = b
+
+    def get_build(self, d: str, kustomize: str) -> Build:
+        if d not in self.builds:
+            self.builds[d] = self.build(d, kustomize)
+        return self.builds[d]
+
+    def origin(self, build: Build, kind: str, name: str, paths: Sequence[Sequence[str]] = ()) -> str:
+        """The input file an object of a build most likely comes from.
+
+        Candidates are the documents of that kind in the build's inputs, the overlay's own first, then
+        its bases. The first one that holds the offending field (`paths`, JSON pointers split into
+        keys) wins; else the first one with the object's name; else the kustomization file.
+        """
+        seen: set[str] = set()
+        queue = [build.dir]
+        candidates: list[Doc] = []
+        while queue:
+            d = queue.pop(0)
+            if d in seen or d not in self.kfiles:
+                continue
+            seen.add(d)
+            dirs, files = self.local_refs(d)
+            own = [f for f in self.yaml_files if norm(str(PurePosixPath(f).parent)) == d] + files
+            candidates += [x for f in own for x in self.docs.get(f, [])
+                           if isinstance(x.data, dict) and x.data.get("kind") == kind]
+            queue.extend(dirs)
+        for x in candidates:
+            if any(_has_path(x.data, p) for p in paths):
+                return x.file
+        return next((x.file for x in candidates if meta(x.data, "name") == name), build.file)
+
+
+def _has_path(data: Any, keys: Sequence[str]) -> bool:
+    for k in keys:
+        if isinstance(data, dict) and k in data:
+            data = data[k]
+        elif isinstance(data, list) and k.isdigit() and int(k) < len(data):
+            data = data[int(k)]
+        else:
+            return False
+    return True
+
+
+def _kustomize(kustomize: str, path: str) -> subprocess.CompletedProcess:
+    return subprocess.run([kustomize, "build", "--load-restrictor=LoadRestrictionsNone", path],
+                          capture_output=True, text=True)
+
+
+# -------------------------------------------------------------------------------------- 3. kubeconform
+
+def default_crd_dir(root: Path = REPO_ROOT) -> Path:
+    """$FSDP_GITOPS_CRD_SCHEMAS, else ../shared/schemas/crds beside the repository."""
+    env = os.environ.get(CRD_SCHEMAS_ENV)
+    return Path(env) if env else (root / ".." / "shared" / "schemas" / "crds").resolve()
+
+
+def kubernetes_validate_dir(version: str) -> Path:
+    import kubernetes_validate  # the package ships the OpenAPI schemas of each Kubernetes minor
+
+    base = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema"
+    src = base / f"v{version}-local-strict"
+    if not src.is_dir():
+        have = sorted(p.name.removesuffix("-local-strict") for p in base.glob("v*-local-strict"))
+        raise UsageError(f"--k8s-version {version}: kubernetes-validate has no schemas for it; use one of {', '.join(have)}")
+    return src
+
+
+def prepare_core_schemas(version: str, cache: Path = SCHEMA_CACHE) -> Path:
+    """Core schemas for `version` in kubeconform's layout, prepared once into cache/v<version>/.
+
+    kubernetes-validate's strict schemas carry an `$id` under https://kubernetes.io/ and point into
+    `/api/_definitions.json`; kubeconform resolves references against the file itself, so the copies
+    drop `$id` and reference the sibling _definitions.json.
+    """
+    dst = cache / f"v{version}"
+    if (dst / "_definitions.json").is_file():
+        return dst
+    src = kubernetes_validate_dir(version)
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".v{version}-", dir=cache))
+    for f in src.iterdir():
+        if f.suffix != ".json":
+            continue
+        schema = json.loads(f.read_text())
+        schema.pop("$id", None)
+        text = json.dumps(schema, separators=(",", ":")).replace('"/api/_definitions.json#', '"_definitions.json#')
+        (tmp / f.name).write_text(text)
+    try:
+        tmp.rename(dst)  # atomic: a concurrent validation either sees all files or prepares its own
+    except OSError:
+        for f in tmp.iterdir():
+            f.unlink()
+        tmp.rmdir()
+    return dst
+
+
+@dataclass
+class Unit:
+    """One kubeconform input file: the documents of a build or of a plain manifest file."""
+
+    label: str  # build dir or file, for messages
+    docs: list[Doc]
+    build: Build | None = None
+    raw: str = ""  # the text as-is, when every document of it is sent unchanged
+
+
+def kubeconform_units(units: Sequence[Unit], locations: Sequence[str], k8s_version: str, repo: Repo,
+                      ) -> tuple[list[Problem], int]:
+    """Run one kubeconform over all units; (problems, number of resources checked)."""
+    if not units:
+        return [], 0
+    problems: list[Problem] = []
+    with tempfile.TemporaryDirectory(prefix="validate-") as tmp:
+        paths = []
+        for i, u in enumerate(units):
+            p = Path(tmp, f"{i:05d}.yaml")
+            p.write_text(u.raw or "".join("---\n" + json.dumps(_for_schema(d.data), default=str) + "\n" for d in u.docs))
+            paths.append(str(p))
+        args = [tool("kubeconform"), "-strict", "-summary", "-output", "json", "-n", str(BUILD_JOBS),
+                "-kubernetes-version", k8s_version]
+        for loc in locations:
+            args += ["-schema-location", loc]
+        proc = subprocess.run(args + paths, capture_output=True, text=True)
+    try:
+        out = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        raise RuntimeError(f"kubeconform failed: {(proc.stderr or proc.stdout).strip()}") from None
+    index = {p: u for p, u in zip(paths, units)}
+    for r in out.get("resources") or []:
+        if r.get("status") not in ("statusInvalid", "statusError"):
+            continue
+        u = index.get(r.get("filename", ""))
+        kind, name = r.get("kind") or "?", r.get("name") or "?"
+        msg = _kubeconform_message(r.get("msg") or "")
+        if u is None:
+            problems.append(Problem(r.get("filename", "?"), 0, f"{kind}/{name}", msg))
+            continue
+        doc = next((d for d in u.docs if isinstance(d.data, dict) and d.data.get("kind") == kind
+                    and meta(d.data, "name") == (r.get("name") or "")), None)
+        if u.build is not None:
+            file = repo.origin(u.build, kind, r.get("name") or "", _error_paths(msg))
+            problems.append(Problem(file, 0, obj_name(doc.data) if doc else f"{kind}/{name}",
+                                    f"{msg} (in the build of {u.build.dir})"))
+        else:
+            problems.append(Problem(doc.file if doc else u.label, doc.line if doc else 0,
+                                    obj_name(doc.data) if doc else f"{kind}/{name}", msg))
+    summary = out.get("summary") or {}
+    return problems, sum(int(summary.get(k, 0)) for k in ("valid", "invalid", "errors"))
+
+
+def _for_schema(data: Any) -> Any:
+    """The object as the cluster receives it: Flux decrypts SOPS files and drops their `sops` block."""
+    if isinstance(data, dict) and "sops" in data:
+        return {k: v for k, v in data.items() if k != "sops"}
+    return data
+
+
+def _error_paths(msg: str) -> list[list[str]]:
+    """JSON pointers a kubeconform message blames, as key lists (with the unknown property, if any)."""
+    out = []
+    for m in re.finditer(r"at '(/[^']*)': (?:additional properties? '([^']+)')?", msg):
+        keys = [k.replace("~1", "/").replace("~0", "~") for k in m.group(1).split("/")[1:]]
+        out.append(keys + [m.group(2)] if m.group(2) else keys)
+    return out
+
+
+def _kubeconform_message(msg: str) -> str:
+    # "problem validating schema. Check JSON formatting: jsonschema validation failed with 'file:///...#' - at ..."
+    m = re.search(r"validation failed with '[^']*' - (.*)$", msg, re.S)
+    text = m.group(1) if m else msg
+    if text.startswith("could not find schema for"):
+        text += " (no core or CRD schema for this apiVersion/kind: check the apiVersion, or add the CRD schema)"
+    return "kubeconform: " + " ".join(text.split())
+
+
+# -------------------------------------------------------------------------------------- 4. Flux graph
+
+@dataclass
+class FluxObject:
+    doc: Doc
+    owner: str  # the Kustomization (or bootstrap directory) that applies it
+
+    @property
+    def data(self) -> dict:
+        return self.doc.data
+
+    @property
+    def ns(self) -> str:
+        return meta(self.data, "namespace") or "default"
+
+    @property
+    def label(self) -> str:
+        return obj_name(self.data)
+
+
+def object_id(data: dict, default_ns: str = "") -> tuple[str, str, str, str]:
+    group, kind = gvk(data)
+    return group, kind, meta(data, "namespace") or default_ns, meta(data, "name")
+
+
+def plain_dir_docs(repo: Repo, d: str, kustomize: str, problems: list[Problem], seen: set[str] | None = None
+                   ) -> list[Doc]:
+    """What kustomize-controller applies from a directory without a kustomization file: the objects of
+    every YAML file in it and, recursively, of its subdirectories (builds where they are kustomizations)."""
+    out: list[Doc] = []
+    for f in repo.yaml_files:
+        parent = norm(str(PurePosixPath(f).parent))
+        if parent == d:
+            out += [x for x in repo.docs.get(f, []) if is_manifest(x.data)]
+    subdirs = sorted({x for x in repo.dirs if x != d and under(x, d) and norm(str(PurePosixPath(x).parent)) == d})
+    for s in subdirs:
+        if s in repo.kfiles:
+            b = repo.get_build(s, kustomize)
+            out += b.docs
+        else:
+            out += plain_dir_docs(repo, s, kustomize, problems)
+    return out
+
+
+def check_flux(repo: Repo, roots: Sequence[str], kustomize: str) -> tuple[list[Problem], int]:
+    """The Flux graph of each bootstrap directory; (problems, number of Flux Kustomizations)."""
+    problems: list[Problem] = []
+    total = 0
+    for root_dir in roots:
+        p, n = _check_flux_root(repo, root_dir, kustomize)
+        problems += p
+        total += n
+    return problems, total
+
+
+def _check_flux_root(repo: Repo, root_dir: str, kustomize: str) -> tuple[list[Problem], int]:
+    problems: list[Problem] = []
+    bootstrap = f"the bootstrap directory {root_dir}"
+    objects: list[FluxObject] = [FluxObject(d, bootstrap) for d in plain_dir_docs(repo, root_dir, kustomize, problems)]
+    # Sources declared in the bootstrap directory are this repository; sources that the synced
+    # overlays declare point at other repositories, whose paths cannot be checked from here.
+    local_sources = {object_id(o.data, o.ns) for o in objects if gvk(o.data)[0] == FLUX_SOURCE_GROUP}
+
+    def sources() -> dict[tuple[str, str, str, str], FluxObject]:
+        return {object_id(o.data, o.ns): o for o in objects if gvk(o.data)[0] == FLUX_SOURCE_GROUP}
+
+    done: set[int] = set()
+    owned: dict[str, list[Doc]] = {bootstrap: [o.doc for o in objects]}
+    i = 0
+    while i < len(objects):
+        o = objects[i]
+        i += 1
+        if gvk(o.data) != FLUX_KUSTOMIZATION or id(o) in done:
+            continue
+        done.add(id(o))
+        spec = o.data.get("spec") or {}
+        ref = spec.get("sourceRef") or {}
+        src_id = (FLUX_SOURCE_GROUP, str(ref.get("kind") or ""), str(ref.get("namespace") or o.ns), str(ref.get("name") or ""))
+        if src_id not in sources():
+            problems.append(Problem(o.doc.file, o.doc.line, o.label,
+                                    f"sourceRef {src_id[1]}/{src_id[2]}/{src_id[3]} is not defined in {root_dir} "
+                                    "or in what it applies; define the source or fix the reference"))
+            continue
+        if src_id not in local_sources:
+            continue
+        path = str(spec.get("path") or "./")
+        d = norm(path.lstrip("/"))
+        if d.startswith(".."):
+            problems.append(Problem(o.doc.file, o.doc.line, o.label, f"spec.path {path} leaves the repository"))
+            continue
+        if d not in repo.dirs:
+            problems.append(Problem(o.doc.file, o.doc.line, o.label,
+                                    f"spec.path {path} does not exist in the repository; fix the path or generate the overlay"))
+            continue
+        if d in repo.kfiles:
+            if repo.is_component(d):
+                problems.append(Problem(o.doc.file, o.doc.line, o.label, f"spec.path {path} is a kustomize Component, which cannot be applied alone"))
+                continue
+            b = repo.get_build(d, kustomize)
+            if b.error:
+                problems.append(Problem(o.doc.file, o.doc.line, o.label, f"spec.path {path} does not build: {b.error}"))
+                continue
+            docs = b.docs
+        else:
+            docs = plain_dir_docs(repo, d, kustomize, problems)
+        target_ns = spec.get("targetNamespace")
+        if target_ns:
+            docs = [Doc({**x.data, "metadata": {**(x.data.get("metadata") or {}), "namespace": target_ns}}, x.file, x.line)
+                    if isinstance(x.data, dict) and meta(x.data, "namespace") else x for x in docs]
+        owned[f"Kustomization {o.ns}/{meta(o.data, 'name')}"] = docs
+        objects += [FluxObject(x, o.label) for x in docs if gvk(x.data)[0].endswith(".toolkit.fluxcd.io")]
+
+    kustomizations = {}
+    for o in objects:
+        if gvk(o.data) == FLUX_KUSTOMIZATION:
+            key = (o.ns, meta(o.data, "name"))
+            if key in kustomizations and kustomizations[key].doc != o.doc:
+                problems.append(Problem(o.doc.file, o.doc.line, o.label, f"defined twice (also in {kustomizations[key].doc.file})"))
+            kustomizations.setdefault(key, o)
+    releases = {(o.ns, meta(o.data, "name")): o for o in objects if gvk(o.data) == HELM_RELEASE}
+    srcs = sources()
+
+    for graph, kind in ((kustomizations, "Kustomization"), (releases, "HelmRelease")):
+        edges: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        for key, o in graph.items():
+            edges[key] = []
+            for dep in (o.data.get("spec") or {}).get("dependsOn") or []:
+                if not isinstance(dep, dict):
+                    continue
+                target = (str(dep.get("namespace") or o.ns), str(dep.get("name") or ""))
+                if target not in graph:
+                    problems.append(Problem(o.doc.file, o.doc.line, o.label,
+                                            f"dependsOn {kind} {target[0]}/{target[1]} does not exist in {root_dir} "
+                                            "or in what it applies; fix the name or remove the dependency"))
+                else:
+                    edges[key].append(target)
+        for cycle in find_cycles(edges):
+            o = graph[cycle[0]]
+            problems.append(Problem(o.doc.file, o.doc.line, o.label,
+                                    "dependsOn cycle: " + " -> ".join(f"{k[1]}" for k in cycle + [cycle[0]])
+                                    + "; remove one of these dependencies"))
+
+    for o in releases.values():
+        spec = o.data.get("spec") or {}
+        refs = []
+        chart_ref = ((spec.get("chart") or {}).get("spec") or {}).get("sourceRef")
+        for r in (chart_ref, spec.get("chartRef")):
+            if isinstance(r, dict):
+                refs.append((FLUX_SOURCE_GROUP, str(r.get("kind") or ""), str(r.get("namespace") or o.ns), str(r.get("name") or "")))
+        for r in refs:
+            if r not in srcs:
+                problems.append(Problem(o.doc.file, o.doc.line, o.label,
+                                        f"chart source {r[1]}/{r[2]}/{r[3]} is not defined in {root_dir} or in what it applies"))
+
+    appliers: dict[tuple[str, str, str, str], list[tuple[str, Doc]]] = {}
+    for owner, docs in owned.items():
+        for x in docs:
+            if isinstance(x.data, dict):
+                appliers.setdefault(object_id(x.data), []).append((owner, x))
+    for oid, users in appliers.items():
+        if len(users) > 1:
+            x = users[0][1]
+            who = sorted({u for u, _ in users})
+            what = "applied twice by " + who[0] if len(who) == 1 else "applied by both " + " and ".join(who)
+            problems.append(Problem(x.file, x.line, obj_name(x.data), f"{what}; keep it in one place"))
+    return problems, len(kustomizations)
+
+
+def find_cycles(edges: Mapping[Any, Sequence[Any]]) -> list[list[Any]]:
+    """Each elementary cycle found by a depth-first search, once, starting at its smallest node."""
+    cycles: list[list[Any]] = []
+    seen_cycles: set[tuple[Any, ...]] = set()
+    state: dict[Any, int] = {}
+    stack: list[Any] = []
+
+    def visit(n: Any) -> None:
+        state[n] = 1
+        stack.append(n)
+        for m in edges.get(n, ()):
+            if state.get(m) == 1:
+                cyc = stack[stack.index(m):]
+                k = cyc.index(min(cyc))
+                cyc = cyc[k:] + cyc[:k]
+                if tuple(cyc) not in seen_cycles:
+                    seen_cycles.add(tuple(cyc))
+                    cycles.append(cyc)
+            elif m not in state:
+                visit(m)
+        stack.pop()
+        state[n] = 2
+
+    for n in sorted(edges):
+        if n not in state:
+            visit(n)
+    return cycles
+
+
+# --------------------------------------------------------------------------------------- 5. semantics
+
+SECRET_PATTERNS = (
+    (re.compile(r"hf_[A-Za-z0-9]{20,}"), "a Hugging Face token"),
+    (re.compile(r"(?<![A-Z0-9])(AKIA|ASIA)[A-Z0-9]{16}(?![A-Z0-9])"), "an AWS access key id"),
+    (re.compile(r"--(?:hf[-_])?token[= ]+(?![\"']?\$)[\"']?[^\s\"'$]+"), "a literal --token value"),
+    (re.compile(r"\b[A-Z0-9_]*(?:TOKEN|SECRET|PASSWORD)=(?![\"']?\$)[\"']?[^\s\"'$;]+"), "a literal secret assignment"),
+)
+SECRET_ENV_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|ACCESS_KEY", re.I)
+# Env vars that name where a secret is, not the secret itself.
+REFERENCE_ENV_SUFFIXES = ("_FILE", "_PATH", "_DIR", "_NAME", "_REF")
+
+
+def pod_specs(data: Any) -> Iterator[dict]:
+    """Every pod spec inside a manifest: anything with a list of containers."""
+    for v in walk(data):
+        if isinstance(v, dict) and isinstance(v.get("containers"), list):
+            yield v
+
+
+def containers(pod: Mapping[str, Any]) -> Iterator[dict]:
+    for key in ("initContainers", "containers", "ephemeralContainers"):
+        for c in pod.get(key) or []:
+            if isinstance(c, dict):
+                yield c
+
+
+def image_problem(image: Any) -> str:
+    if not isinstance(image, str) or not image:
+        return "has no image"
+    if "@" in image:
+        return ""
+    last = image.rsplit("/", 1)[-1]
+    if ":" not in last:
+        return f"image {image} has no tag; pin it by tag or digest"
+    if last.rsplit(":", 1)[1] == "latest":
+        return f"image {image} uses the moving tag latest; pin it by tag or digest"
+    return ""
+
+
+def secret_problems(c: Mapping[str, Any]) -> list[str]:
+    out = []
+    texts = [("command", x) for x in c.get("command") or []] + [("args", x) for x in c.get("args") or []]
+    for e in c.get("env") or []:
+        if not isinstance(e, dict):
+            continue
+        name, value = str(e.get("name") or ""), e.get("value")
+        if value not in (None, "") and "valueFrom" not in e:
+            texts.append((f"env {name}", value))
+            if SECRET_ENV_NAME.search(name) and not name.upper().endswith(REFERENCE_ENV_SUFFIXES):
+                out.append(f"env {name} holds a literal value; take it from a Secret with valueFrom.secretKeyRef "
+                           "or mount the Secret as a file")
+    for where, text in texts:
+        for pattern, what in SECRET_PATTERNS:
+            if isinstance(text, str) and pattern.search(text):
+                out.append(f"{where} contains {what}; read it from the Secret hf-token (file named by HF_TOKEN_FILE) instead")
+                break
+    return out
+
+
+def check_objects(docs: Sequence[Doc]) -> list[Problem]:
+    """Checks that apply to every object: images, inline secrets, unencrypted Secrets."""
+    problems = []
+    for d in docs:
+        data = d.data
+        if not isinstance(data, dict):
+            continue
+        for pod in pod_specs(data):
+            for c in containers(pod):
+                label = f"container {c.get('name', '?')}"
+                msg = image_problem(c.get("image"))
+                if msg:
+                    problems.append(Problem(d.file, d.line, obj_name(data), f"{label}: {msg}"))
+                for msg in secret_problems(c):
+                    problems.append(Problem(d.file, d.line, obj_name(data), f"{label}: {msg}"))
+        if gvk(data) == ("", "Secret") and "sops" not in data and (data.get("data") or data.get("stringData")):
+            problems.append(Problem(d.file, d.line, obj_name(data),
+                                    "Secret holds unencrypted data; encrypt the file with sops (see .sops.yaml)"))
+        if gvk(data) == HELM_RELEASE:
+            for v in walk((data.get("spec") or {}).get("values")):
+                if isinstance(v, dict) and str(v.get("tag", "")) == "latest":
+                    problems.append(Problem(d.file, d.line, obj_name(data), "values use the image tag latest; pin a version"))
+    return problems
+
+
+def _int(v: Any) -> int | None:
+    try:
+        return int(str(v))
+    except (TypeError, ValueError):
+        return None
+
+
+def _flag_values(tokens: Sequence[str], names: Sequence[str]) -> list[str]:
+    out = []
+    for i, t in enumerate(tokens):
+        for n in names:
+            if t == n and i + 1 < len(tokens):
+                out.append(tokens[i + 1])
+            elif t.startswith(n + "="):
+                out.append(t[len(n) + 1:])
+    return out
+
+
+def _tokens(c: Mapping[str, Any]) -> list[str]:
+    """command + args, shell scripts split into words, $(VAR) replaced from the container's env."""
+    env = {str(e.get("name")): str(e.get("value")) for e in c.get("env") or []
+           if isinstance(e, dict) and e.get("value") is not None}
+    out = []
+    for part in list(c.get("command") or []) + list(c.get("args") or []):
+        s = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), str(part))
+        try:
+            out += shlex.split(s) if (" " in s or "\n" in s) else [s]
+        except ValueError:
+            out += s.split()
+    return out
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """What the cross-run checks need from one PyTorchJob."""
+
+    doc: Doc
+    rdzv_ids: tuple[str, ...]
+    checkpoint_dirs: tuple[str, ...]
+
+
+def check_pytorchjob(doc: Doc, configmaps: Mapping[str, dict], instance_types: Mapping[str, InstanceType],
+                     ) -> tuple[list[Problem], JobFacts]:
+    """A PyTorchJob against its instance type, and the ids that must be unique across runs."""
+    data, problems = doc.data, []
+    spec = data.get("spec") or {}
+
+    def bad(msg: str) -> None:
+        problems.append(Problem(doc.file, doc.line, obj_name(data), msg))
+
+    rdzv_ids: set[str] = set()
+    ckpt_dirs: set[str] = set()
+    elastic = spec.get("elasticPolicy") or {}
+    if elastic.get("rdzvId"):
+        rdzv_ids.add(str(elastic["rdzvId"]))
+    for role, rs in sorted((spec.get("pytorchReplicaSpecs") or {}).items()):
+        pod = ((rs or {}).get("template") or {}).get("spec") or {}
+        where = f"{role}"
+        selector = (pod.get("nodeSelector") or {}).get(INSTANCE_TYPE_LABEL)
+        if not selector:
+            for term in ((((pod.get("affinity") or {}).get("nodeAffinity") or {})
+                          .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []):
+                for e in term.get("matchExpressions") or []:
+                    if e.get("key") == INSTANCE_TYPE_LABEL and e.get("operator") == "In" and len(e.get("values") or []) == 1:
+                        selector = e["values"][0]
+        gpus = efa = 0
+        for c in pod.get("containers") or []:
+            limits = ((c or {}).get("resources") or {}).get("limits") or {}
+            gpus += _int(limits.get(GPU_RESOURCE, 0)) or 0
+            efa += _int(limits.get(EFA_RESOURCE, 0)) or 0
+            if ((c or {}).get("securityContext") or {}).get("privileged"):
+                bad(f"{where}: container {c.get('name')} is privileged; training pods need no privilege")
+            tokens = _tokens(c or {})
+            env = {str(e.get("name")): e.get("value") for e in (c or {}).get("env") or [] if isinstance(e, dict)}
+            nprocs = _flag_values(tokens, ("--nproc_per_node", "--nproc-per-node"))
+            if env.get("PET_NPROC_PER_NODE") is not None:
+                nprocs.append(str(env["PET_NPROC_PER_NODE"]))
+            for n in nprocs:
+                if n not in ("gpu", "auto") and _int(n) != (gpus_of(c)):
+                    bad(f"{where}: torchrun --nproc_per_node is {n} but the container has {gpus_of(c)} GPUs ({GPU_RESOURCE}); make them equal")
+            rdzv_ids.update(_flag_values(tokens, ("--rdzv_id", "--rdzv-id")))
+            if env.get("PET_RDZV_ID"):
+                rdzv_ids.add(str(env["PET_RDZV_ID"]))
+            # Trainer overrides (section.key=value) win over the config file.
+            ckpt_dirs.update(v.split("=", 1)[1] for v in tokens if v.startswith("checkpoint.dir="))
+        if (pod.get("securityContext") or {}).get("privileged"):
+            bad(f"{where}: pod is privileged; training pods need no privilege")
+        for n in [spec.get("nprocPerNode"), elastic.get("nProcPerNode")]:
+            if n is not None and str(n) not in ("gpu", "auto") and _int(n) != gpus:
+                bad(f"{where}: nprocPerNode is {n} but each pod has {gpus} GPUs; make them equal")
+        if not selector:
+            bad(f"{where}: no nodeSelector {INSTANCE_TYPE_LABEL}; pin the pods to a GPU instance type")
+        elif selector not in instance_types:
+            bad(f"{where}: instance type {selector} is not in the catalog (generators/catalog.py)")
+        else:
+            it = instance_types[selector]
+            if not 1 <= gpus <= it.num_gpus:
+                bad(f"{where}: requests {gpus} GPUs ({GPU_RESOURCE}) but {selector} has {it.num_gpus}; "
+                    f"request 1 to {it.num_gpus}")
+            elif efa != efa_for(it, gpus):
+                bad(f"{where}: requests {efa} EFA interfaces ({EFA_RESOURCE}) but {gpus} GPUs of {selector} come with "
+                    f"{efa_for(it, gpus)}; request {efa_for(it, gpus)}")
+        for v in pod.get("volumes") or []:
+            ref = (v or {}).get("configMap") or {}
+            cm = ref.get("name")
+            if not cm:
+                continue
+            cfg = configmaps.get(f"{meta(data, 'namespace')}/{cm}")
+            if cfg is None and not ref.get("optional"):
+                # kustomize renames generated ConfigMaps (hash suffix, name prefix/suffix) but does not
+                # rewrite references inside custom resources, so a stale name here is easy to get.
+                bad(f"{where}: volume {v.get('name')} mounts ConfigMap {cm}, which the same overlay does not "
+                    "define; generate it with that exact name (kustomize does not rename references inside "
+                    "a PyTorchJob)")
+            for text in (cfg or {}).values():
+                ckpt = _checkpoint_dir(text)
+                if ckpt:
+                    ckpt_dirs.add(ckpt)
+    return problems, JobFacts(doc, tuple(sorted(rdzv_ids)), tuple(sorted(ckpt_dirs)))
+
+
+def gpus_of(c: Mapping[str, Any]) -> int:
+    return _int((((c or {}).get("resources") or {}).get("limits") or {}).get(GPU_RESOURCE, 0)) or 0
+
+
+def _checkpoint_dir(text: Any) -> str:
+    """checkpoint.dir of a trainer config held in a ConfigMap value ("" when it is not one)."""
+    if not isinstance(text, str) or "checkpoint" not in text:
+        return ""
+    try:
+        cfg = yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError:
+        return ""
+    ckpt = cfg.get("checkpoint") if isinstance(cfg, dict) else None
+    return str(ckpt.get("dir") or "") if isinstance(ckpt, dict) else ""
+
+
+def check_unique(facts: Sequence[JobFacts]) -> list[Problem]:
+    problems = []
+    for attr, what in (("rdzv_ids", "rendezvous id"), ("checkpoint_dirs", "checkpoint directory")):
+        first: dict[str, JobFacts] = {}
+        for f in facts:
+            for v in getattr(f, attr):
+                if v in first and first[v] is not f:
+                    other = first[v]
+                    problems.append(Problem(f.doc.file, f.doc.line, obj_name(f.doc.data),
+                                            f"{what} {v} is also used by {obj_name(other.doc.data)} ({other.doc.file}); "
+                                            "every run needs its own"))
+                first.setdefault(v, f)
+    return problems
+
+
+def check_semantics(units: Sequence[Unit], deployable: Sequence[Unit],
+                    instance_types: Mapping[str, InstanceType] = INSTANCE_TYPES) -> list[Problem]:
+    """Object checks on every unit; PyTorchJob checks on what gets applied (`deployable`)."""
+    problems: list[Problem] = []
+    facts: list[JobFacts] = []
+    for u in units:
+        problems += check_objects(u.docs)
+    for u in deployable:
+        configmaps = {}
+        for d in u.docs:
+            if gvk(d.data) == ("", "ConfigMap"):
+                configmaps[f"{meta(d.data, 'namespace')}/{meta(d.data, 'name')}"] = d.data.get("data") or {}
+        for d in u.docs:
+            if gvk(d.data) == PYTORCHJOB:
+                p, f = check_pytorchjob(d, configmaps, instance_types)
+                problems += p
+                facts.append(f)
+    return problems + check_unique(facts)
+
+
+# ------------------------------------------------------------------------------------------- pipeline
+
+def validate(root: Path, paths: Sequence[str] = (), *, crd_dir: Path, k8s_version: str = K8S_VERSION,
+             non_cluster: Mapping[tuple[str, str], str | None] = NON_CLUSTER_SCHEMAS,
+             schema_cache: Path = SCHEMA_CACHE) -> Report:
+    """Validate the checkout at `root` (or what lies under `paths`, repository-relative)."""
+    start = time.monotonic()
+    if not crd_dir.is_dir():
+        raise UsageError(f"--crd-schemas {crd_dir}: not a directory; point it at a CRD schema folder in the "
+                         f"{{group}}/{{kind}}_{{version}}.json layout (or set {CRD_SCHEMAS_ENV})")
+    kustomize = tool("kustomize")
+    core = prepare_core_schemas(k8s_version, schema_cache)
+    scope = [norm(p) for p in paths] or [""]
+    in_scope = lambda f: any(under(f, s) for s in scope)  # noqa: E731
+
+    problems: list[Problem] = []
+    repo = Repo(root, repo_files(root))
+    repo.parse(problems)
+
+    # 2. Build every kustomization in scope (Components only where nothing uses them).
+    used_components = {c for d in repo.kfiles for c in repo.local_refs(d)[0] if repo.is_component(c)}
+    to_build = sorted(d for d in repo.kfiles if in_scope(repo.kfiles[d]) and d not in used_components)
+    repo.build_all(to_build, kustomize)
+    for d in to_build:
+        b = repo.builds[d]
+        if b.error:
+            problems.append(Problem(b.file, 0, f"{repo.kustomization(d).get('kind', 'Kustomization')}/{d}",
+                                    f"kustomize build failed: {b.error}"))
+
+    # 3. Schemas. Run overlays and bases go by build; everything else that holds objects by file.
+    inputs = repo.input_files()
+    plain = [f for f in repo.yaml_files if f not in inputs and in_scope(f)
+             and any(is_manifest(x.data) for x in repo.docs.get(f, []))]
+    used_as_base = {r for d in repo.kfiles for r in repo.local_refs(d)[0]}
+    units: list[Unit] = []
+    other: dict[str, list[Doc]] = {}
+    for d in to_build:
+        b = repo.builds[d]
+        if not b.error:
+            units.append(Unit(d, b.docs, b, b.text))
+    for f in plain:
+        docs = repo.docs[f]
+        cluster_docs = [x for x in docs if (str(x.data.get("apiVersion")), str(x.data.get("kind"))) not in non_cluster]
+        for x in docs:
+            schema = non_cluster.get((str(x.data.get("apiVersion")), str(x.data.get("kind"))))
+            if schema:
+                other.setdefault(str(crd_dir.parent / schema), []).append(x)
+        if cluster_docs:
+            whole = len(cluster_docs) == len(docs)
+            units.append(Unit(f, cluster_docs, None, (root / f).read_text() if whole else ""))
+    for u in units:
+        if any(isinstance(x.data, dict) and "sops" in x.data for x in u.docs):
+            u.raw = ""  # sent without the sops block (see _for_schema)
+    p, num_resources = kubeconform_units(units, [f"{core}/{CORE_SCHEMA_TEMPLATE}", f"{crd_dir}/{CRD_SCHEMA_TEMPLATE}"],
+                                         k8s_version, repo)
+    problems += p
+    for schema, docs in sorted(other.items()):
+        p, n = kubeconform_units([Unit(x.file, [x]) for x in docs], [schema], k8s_version, repo)
+        problems += p
+        num_resources += n
+
+    # 4. Flux graph of each bootstrap directory in scope.
+    roots = sorted({norm(str(PurePosixPath(f).parent)) for f in plain
+                    if any(gvk(x.data) == FLUX_KUSTOMIZATION for x in repo.docs[f])})
+    p, num_flux = check_flux(repo, roots, kustomize)
+    problems += p
+
+    # 5. Semantics, on what gets applied: builds nothing else builds on, and plain manifest files.
+    deployable = [u for u in units if u.build is None or u.build.dir not in used_as_base]
+    problems += check_semantics(units, deployable)
+
+    return Report(sorted(set(problems), key=lambda x: (x.file, x.line, x.obj, x.message)),
+                  num_yaml_files=len(repo.yaml_files if scope == [""] else [f for f in repo.yaml_files if in_scope(f)]),
+                  num_builds=len(to_build), num_resources=num_resources, num_flux_kustomizations=num_flux,
+                  seconds=time.monotonic() - start)
+
+
+def repository_root(paths: Sequence[Path]) -> Path:
+    """The git work tree holding all of `paths` (this repository when none is given)."""
+    if not paths:
+        return REPO_ROOT
+    roots = set()
+    for p in paths:
+        if not p.exists():
+            raise UsageError(f"{p}: no such file or directory")
+        d = p if p.is_dir() else p.parent
+        proc = subprocess.run(["git", "-C", str(d), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise UsageError(f"{p}: not inside a git work tree; validate files of a checkout")
+        roots.add(Path(proc.stdout.strip()).resolve())
+    if len(roots) > 1:
+        raise UsageError(f"paths span several repositories ({', '.join(map(str, sorted(roots)))}); validate one at a time")
+    return roots.pop()
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--crd-schemas", "crd_schemas", type=click.Path(path_type=Path), default=None,
+              help=f"CRD JSON schemas in the {{group}}/{{kind}}_{{version}}.json layout "
+                   f"[default: ${CRD_SCHEMAS_ENV}, else ../shared/schemas/crds beside the repository]")
+@click.option("--k8s-version", default=K8S_VERSION, show_default=True,
+              help="Kubernetes version of the core schemas (from the kubernetes-validate package).")
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+def main(crd_schemas: Path | None, k8s_version: str, paths: tuple[Path, ...]) -> None:
+    """Validate the repository (or PATHS in it): YAML, kustomize builds, schemas, Flux graph, semantics."""
+    try:
+        root = repository_root(paths)
+        rel = [os.path.relpath(p.resolve(), root) for p in paths]
+        report = validate(root, rel, crd_dir=(crd_schemas or default_crd_dir(root)).resolve(), k8s_version=k8s_version)
+    except UsageError as e:
+        raise click.UsageError(str(e)) from None
+    except ToolNotFoundError as e:
+        raise click.ClickException(str(e)) from None
+    for p in report.problems:
+        click.echo(str(p), err=True)
+    status = f"{len(report.problems)} problem(s)" if report.problems else "OK"
+    click.echo(f"validated {report.num_yaml_files} YAML files, {report.num_builds} kustomize builds, "
+               f"{report.num_resources} resources, {report.num_flux_kustomizations} Flux Kustomizations "
+               f"in {report.seconds:.1f}s: {status}")
+    if report.problems:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

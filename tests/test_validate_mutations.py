@@ -1,0 +1,285 @@
+"""The validation pipeline against a small, real repository tree, then one mistake at a time.
+
+Each test copies a minimal GitOps tree (a PyTorchJob base, two run overlays, an infrastructure
+overlay and a cluster's Flux entry) into tmp_path, breaks one thing, and runs the real pipeline
+(real kustomize, kubeconform, core schemas from kubernetes-validate, CRD schemas from the schema
+directory the CLI uses). The clean tree must pass; each mistake must fail naming the file and the object.
+"""
+from __future__ import annotations
+
+import copy
+import subprocess
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from generators import validate as v
+
+CRD_DIR = v.default_crd_dir()
+
+BASE_JOB = {
+    "apiVersion": "kubeflow.org/v1",
+    "kind": "PyTorchJob",
+    "metadata": {"name": "fsdp-job"},
+    "spec": {
+        "runPolicy": {"activeDeadlineSeconds": 3600},
+        "pytorchReplicaSpecs": {
+            "Worker": {
+                "replicas": 1,
+                "restartPolicy": "OnFailure",
+                "template": {"spec": {
+                    "nodeSelector": {"node.kubernetes.io/instance-type": "p5.48xlarge"},
+                    "containers": [{
+                        "name": "pytorch",
+                        # {"$imagepolicy": ...} markers live in the real base; a pinned tag is what matters here.
+                        "image": "public.ecr.aws/example/fsdp-trainer:0.1.0",
+                        "command": ["torchrun", "--nproc_per_node=8", "--rdzv_id=RDZV", "-m", "trainer.train",
+                                    "--config", "/config/train.yaml"],
+                        "env": [{"name": "HF_TOKEN_FILE", "value": "/secrets/hf/token"}],
+                        "resources": {"limits": {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 32}},
+                        "volumeMounts": [{"name": "config", "mountPath": "/config"}],
+                    }],
+                    "volumes": [{"name": "config", "configMap": {"name": "train-config"}}],
+                }},
+            },
+        },
+    },
+}
+
+
+def run_overlay(run: str) -> dict[str, Any]:
+    return {
+        "kustomization.yaml": {
+            "apiVersion": "kustomize.config.k8s.io/v1beta1",
+            "kind": "Kustomization",
+            "namespace": "fsdp",
+            "resources": ["../../../../base/pytorchjob"],
+            # PyTorchJob is a custom resource: a strategic merge patch would replace the whole containers
+            # list, so the container is changed by JSON patch.
+            "patches": [{"path": "pytorchjob.patch.yaml"},
+                        {"path": "pytorchjob.command.yaml", "target": {"kind": "PyTorchJob", "name": "fsdp-job"}}],
+            # kustomize does not rewrite references inside custom resources, so the ConfigMap keeps a
+            # fixed name that the JSON patch puts into the job.
+            "configMapGenerator": [{"name": f"train-{run}", "files": ["train.yaml"],
+                                    "options": {"disableNameSuffixHash": True}}],
+        },
+        "pytorchjob.patch.yaml": {
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "PyTorchJob",
+            "metadata": {"name": "fsdp-job"},
+            "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 2}}},
+        },
+        "pytorchjob.command.yaml": [
+            {"op": "replace", "path": "/spec/pytorchReplicaSpecs/Worker/template/spec/containers/0/command",
+             "value": ["torchrun", "--nproc_per_node=8", f"--rdzv_id={run}", "-m", "trainer.train",
+                       "--config", "/config/train.yaml"]},
+            {"op": "replace", "path": "/metadata/name", "value": run},
+            {"op": "replace", "path": "/spec/pytorchReplicaSpecs/Worker/template/spec/volumes/0/configMap/name",
+             "value": f"train-{run}"},
+        ],
+        "train.yaml": {"model": {"name": "llama2-7b"}, "checkpoint": {"dir": f"/shared/checkpoints/{run}"}},
+    }
+
+
+def flux_kustomization(name: str, path: str, depends: list[str] = ()) -> dict[str, Any]:
+    spec: dict[str, Any] = {"interval": "10m", "path": path, "prune": True,
+                            "sourceRef": {"kind": "GitRepository", "name": "fsdp-gitops"}}
+    if depends:
+        spec["dependsOn"] = [{"name": d} for d in depends]
+    return {"apiVersion": "kustomize.toolkit.fluxcd.io/v1", "kind": "Kustomization",
+            "metadata": {"name": name, "namespace": "flux-system"}, "spec": spec}
+
+
+def fixture_files() -> dict[str, Any]:
+    """{path: document or [documents]} of the clean tree."""
+    files: dict[str, Any] = {
+        "base/pytorchjob/kustomization.yaml": {"apiVersion": "kustomize.config.k8s.io/v1beta1",
+                                               "kind": "Kustomization", "resources": ["pytorchjob.yaml"]},
+        "base/pytorchjob/pytorchjob.yaml": copy.deepcopy(BASE_JOB),
+        "overlays/infrastructure/c1/configs/kustomization.yaml": {
+            "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": ["namespace.yaml"]},
+        "overlays/infrastructure/c1/configs/namespace.yaml": {"apiVersion": "v1", "kind": "Namespace",
+                                                             "metadata": {"name": "fsdp"}},
+        "overlays/clusters/c1/sources.yaml": {
+            "apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "GitRepository",
+            "metadata": {"name": "fsdp-gitops", "namespace": "flux-system"},
+            "spec": {"interval": "1m", "url": "https://github.com/example/fsdp-gitops", "ref": {"branch": "main"}}},
+        "overlays/clusters/c1/infrastructure.yaml": flux_kustomization("infra-configs", "./overlays/infrastructure/c1/configs"),
+        "overlays/clusters/c1/experiments.yaml": [
+            flux_kustomization("run-a", "./overlays/runs/c1/run-a", ["infra-configs"]),
+            flux_kustomization("run-b", "./overlays/runs/c1/run-b", ["infra-configs"]),
+        ],
+        "matrix.yaml": {"defaults": {"nodes": 1}},  # not a manifest: parsed only
+    }
+    for run in ("run-a", "run-b"):
+        for name, doc in run_overlay(run).items():
+            files[f"overlays/runs/c1/{run}/{name}"] = doc
+    return files
+
+
+def write_tree(root: Path, files: dict[str, Any]) -> None:
+    for rel, doc in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(doc, str):
+            p.write_text(doc)
+        else:
+            # A list is several documents, except in a JSON patch file (one document that is a list).
+            many = isinstance(doc, list) and not rel.endswith(".command.yaml")
+            p.write_text(yaml.safe_dump_all(doc if many else [doc], sort_keys=False))
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+
+
+def problems(root: Path) -> list[str]:
+    return [str(p) for p in v.validate(root, crd_dir=CRD_DIR).problems]
+
+
+def mutated(tmp_path: Path, change: Callable[[dict[str, Any]], None]) -> list[str]:
+    files = fixture_files()
+    change(files)
+    write_tree(tmp_path, files)
+    return problems(tmp_path)
+
+
+def only(found: list[str], *needles: str) -> str:
+    """The one problem line that contains every needle (and the test fails otherwise)."""
+    hits = [p for p in found if all(n in p for n in needles)]
+    assert hits, f"no problem mentions {needles}; got {found}"
+    return hits[0]
+
+
+def test_crd_schema_dir_is_there():
+    # The mutation tests below are only meaningful with the real schemas: fail, never skip.
+    assert (CRD_DIR / "kubeflow.org" / "pytorchjob_v1.json").is_file(), \
+        f"CRD schemas not found at {CRD_DIR}; set {v.CRD_SCHEMAS_ENV}"
+
+
+def test_clean_tree_passes(tmp_path):
+    write_tree(tmp_path, fixture_files())
+    report = v.validate(tmp_path, crd_dir=CRD_DIR)
+    assert [str(p) for p in report.problems] == []
+    assert report.num_builds == 4  # the base, the infrastructure overlay, two runs
+    assert report.num_flux_kustomizations == 3
+    # 4 builds (1 + 1 + 2x job and ConfigMap) and the 4 Flux objects of the bootstrap directory
+    assert report.num_resources == 1 + 1 + 4 + 4
+
+
+def test_typo_in_api_version_fails(tmp_path):
+    def change(f):
+        f["overlays/infrastructure/c1/configs/namespace.yaml"]["apiVersion"] = "v2"
+    line = only(mutated(tmp_path, change), "overlays/infrastructure/c1/configs/namespace.yaml", "Namespace/fsdp")
+    assert "could not find schema for Namespace" in line
+
+
+def test_unknown_field_in_a_run_patch_fails(tmp_path):
+    def change(f):
+        f["overlays/runs/c1/run-b/pytorchjob.patch.yaml"]["spec"]["pytorchReplicaSpecs"]["Worker"]["replica"] = 2
+    line = only(mutated(tmp_path, change), "overlays/runs/c1/run-b/pytorchjob.patch.yaml", "PyTorchJob/fsdp/run-b")
+    assert "additional properties 'replica' not allowed" in line
+
+
+def test_unknown_field_in_the_base_is_blamed_on_the_base(tmp_path):
+    def change(f):
+        f["base/pytorchjob/pytorchjob.yaml"]["spec"]["runPolicy"]["deadline"] = 5
+    found = mutated(tmp_path, change)
+    line = only(found, "base/pytorchjob/pytorchjob.yaml", "PyTorchJob/fsdp/run-a")
+    assert "'deadline' not allowed" in line
+
+
+def test_depends_on_missing_kustomization_fails(tmp_path):
+    def change(f):
+        f["overlays/clusters/c1/experiments.yaml"][1]["spec"]["dependsOn"] = [{"name": "infra-config"}]
+    line = only(mutated(tmp_path, change), "overlays/clusters/c1/experiments.yaml", "Kustomization/flux-system/run-b")
+    assert "dependsOn Kustomization flux-system/infra-config does not exist" in line
+
+
+def test_dependency_cycle_fails(tmp_path):
+    def change(f):
+        f["overlays/clusters/c1/infrastructure.yaml"]["spec"]["dependsOn"] = [{"name": "run-a"}]
+    line = only(mutated(tmp_path, change), "overlays/clusters/c1/", "cycle")
+    assert "infra-configs -> run-a -> infra-configs" in line
+
+
+def test_flux_path_that_does_not_exist_fails(tmp_path):
+    def change(f):
+        f["overlays/clusters/c1/experiments.yaml"][0]["spec"]["path"] = "./overlays/runs/c1/run-z"
+    line = only(mutated(tmp_path, change), "overlays/clusters/c1/experiments.yaml", "Kustomization/flux-system/run-a")
+    assert "spec.path ./overlays/runs/c1/run-z does not exist" in line
+
+
+def test_gpu_request_above_the_instance_fails(tmp_path):
+    def change(f):
+        f["overlays/runs/c1/run-a/pytorchjob.command.yaml"] += [
+            {"op": "replace", "path": "/spec/pytorchReplicaSpecs/Worker/template/spec/containers/0/resources/limits",
+             "value": {"nvidia.com/gpu": 16, "vpc.amazonaws.com/efa": 32}}]
+        f["overlays/runs/c1/run-a/pytorchjob.command.yaml"][0]["value"][1] = "--nproc_per_node=16"
+    line = only(mutated(tmp_path, change), "overlays/runs/c1/run-a/kustomization.yaml", "PyTorchJob/fsdp/run-a")
+    assert "requests 16 GPUs (nvidia.com/gpu) but p5.48xlarge has 8" in line
+
+
+def test_latest_image_fails(tmp_path):
+    def change(f):
+        c = f["base/pytorchjob/pytorchjob.yaml"]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+        c["image"] = "public.ecr.aws/example/fsdp-trainer:latest"
+    found = mutated(tmp_path, change)
+    line = only(found, "base/pytorchjob/kustomization.yaml", "PyTorchJob/fsdp-job")
+    assert "uses the moving tag latest" in line
+    only(found, "overlays/runs/c1/run-a/kustomization.yaml", "PyTorchJob/fsdp/run-a", "latest")
+
+
+def test_token_inline_in_a_command_fails(tmp_path):
+    def change(f):
+        f["overlays/runs/c1/run-b/pytorchjob.command.yaml"][0]["value"] = [
+            "bash", "-c", "HF_TOKEN=hf_abcdefghijklmnopqrstuvwx torchrun --nproc_per_node=8 --rdzv_id=run-b -m trainer.train"]
+    line = only(mutated(tmp_path, change), "overlays/runs/c1/run-b/kustomization.yaml", "PyTorchJob/fsdp/run-b")
+    assert "contains a Hugging Face token" in line
+
+
+def test_yaml_syntax_error_names_file_and_line(tmp_path):
+    def change(f):
+        f["overlays/runs/c1/run-a/train.yaml"] = "model:\n  name: llama2-7b\n checkpoint: [\n"
+    line = only(mutated(tmp_path, change), "overlays/runs/c1/run-a/train.yaml:3:")
+    assert "YAML" in line
+
+
+def test_duplicate_rendezvous_id_and_checkpoint_dir_fail(tmp_path):
+    def change(f):
+        f["overlays/runs/c1/run-b/pytorchjob.command.yaml"][0]["value"][2] = "--rdzv_id=run-a"
+        f["overlays/runs/c1/run-b/train.yaml"]["checkpoint"]["dir"] = "/shared/checkpoints/run-a"
+    found = mutated(tmp_path, change)
+    only(found, "PyTorchJob/fsdp/run-b", "rendezvous id run-a is also used by PyTorchJob/fsdp/run-a")
+    only(found, "PyTorchJob/fsdp/run-b", "checkpoint directory /shared/checkpoints/run-a is also used")
+
+
+def test_object_applied_by_two_kustomizations_fails(tmp_path):
+    def change(f):
+        k = f["overlays/runs/c1/run-a/kustomization.yaml"]
+        k["resources"].append("../../../infrastructure/c1/configs/namespace.yaml")
+    line = only(mutated(tmp_path, change), "Namespace/fsdp", "applied by both")
+    assert "Kustomization flux-system/infra-configs" in line and "Kustomization flux-system/run-a" in line
+
+
+def test_source_ref_that_does_not_resolve_fails(tmp_path):
+    def change(f):
+        f["overlays/clusters/c1/infrastructure.yaml"]["spec"]["sourceRef"]["name"] = "fsdp"
+    line = only(mutated(tmp_path, change), "overlays/clusters/c1/infrastructure.yaml", "Kustomization/flux-system/infra-configs")
+    assert "sourceRef GitRepository/flux-system/fsdp is not defined" in line
+
+
+def test_cli_exit_codes(tmp_path):
+    files = fixture_files()
+    write_tree(tmp_path, files)
+    runner = CliRunner()
+    ok = runner.invoke(v.main, ["--crd-schemas", str(CRD_DIR), str(tmp_path)])
+    assert ok.exit_code == 0, ok.output
+    assert ok.stdout.strip().endswith(": OK")
+    (tmp_path / "overlays/clusters/c1/infrastructure.yaml").write_text(
+        yaml.safe_dump(flux_kustomization("infra-configs", "./nowhere")))
+    bad = runner.invoke(v.main, ["--crd-schemas", str(CRD_DIR), str(tmp_path)])
+    assert bad.exit_code == 1
+    assert "overlays/clusters/c1/infrastructure.yaml:1: Kustomization/flux-system/infra-configs: spec.path ./nowhere" in bad.stderr
+    usage = runner.invoke(v.main, ["--crd-schemas", str(tmp_path / "missing"), str(tmp_path)])
+    assert usage.exit_code == 2 and "not a directory" in usage.stderr
