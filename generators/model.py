@@ -8,7 +8,7 @@ per-cluster Flux entry and infrastructure) receive plain, immutable values.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 from trainer.config import TrainConfig
 
@@ -61,7 +61,7 @@ class Run:
     cluster: str
     # Model name (key of trainer.catalog.MODELS).
     model: str
-    # EC2 instance type the run's pods are pinned to.
+    # EC2 instance type the run's pods are pinned to; "" means the cluster's only instance type.
     instance_type: str
     # Number of nodes, one worker pod per node.
     nodes: int
@@ -75,14 +75,16 @@ class Run:
     shm_size_gib: int
     # Run counter: bump it to launch the same configuration again under a new name.
     rev: int
-    # Optional name chosen by the user (DNS-1035); empty means the generated readable name.
+    # Readable part of the name chosen by the user (DNS-1035); empty means the generated one.
     name: str
-    # The trainer config as data, still unvalidated (validated by trainer.config.from_dict in plan).
+    # The trainer config as nested plain data, still unvalidated (plan validates it with
+    # trainer.config.from_dict).
     trainer: Any
-    # Where the run came from, for error messages: "axes", "include[3]" ...
-    origin: str
-    # Line in the matrix file of the entry the run came from (0 when unknown).
-    line: int
+    # Where the run came from, for error messages: "axes", "include[3]" ... and that entry's line.
+    entry_key: str
+    entry_line: int
+    # Run path ("nodes", "trainer.training.lr") -> (line, full matrix key) of the value that set it.
+    sources: Mapping[str, tuple[int, str]]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,121 @@
+"""Expand an experiment matrix into one kustomize overlay per run, plus each cluster's Flux entry.
+
+    python generators/expand.py matrix.yaml            # (re)write overlays/
+    python generators/expand.py matrix.yaml --check    # exit 1 naming every file that would change
+    python generators/expand.py matrix.yaml --list     # table of the runs, writes nothing
+    python generators/expand.py matrix.yaml --out /tmp/overlays
+
+Bad input (the matrix or the options) prints one line on stderr naming the file, line, key and fix,
+and exits 2 without touching the output directory; other failures exit 1. The matrix format is
+described in generators/matrix.py and README.md.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:  # run as `python generators/expand.py` from anywhere
+    sys.path.insert(0, str(REPO_ROOT))
+
+import click  # noqa: E402
+
+from generators import matrix as matrix_mod  # noqa: E402
+from generators import writer  # noqa: E402
+from generators.errors import MatrixError  # noqa: E402
+from generators.model import Plan  # noqa: E402
+from generators.plan import plan  # noqa: E402
+from generators.render import render  # noqa: E402
+
+DEFAULT_OUT = REPO_ROOT / "overlays"
+EXIT_BAD_INPUT = 2
+EXIT_FAILURE = 1
+
+
+def matrix_label(path: str) -> str:
+    """How generated banners name the matrix: relative to the repository root when inside it, so the
+    bytes are the same whatever the working directory; otherwise the file name."""
+    full = Path(path).resolve()
+    try:
+        return full.relative_to(REPO_ROOT).as_posix()
+    except ValueError:
+        return full.name
+
+
+def display(path: Path) -> str:
+    """A path as the user would type it: relative to the working directory when below it."""
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def format_table(plans: list[Plan]) -> str:
+    header = ("NAME", "CLUSTER", "MODEL", "INSTANCE TYPE", "NODES", "GPUS/NODE", "WORLD", "SHARDING")
+    rows = [header] + [(p.name, p.cluster, p.model, p.instance_type, str(p.nodes), str(p.gpus_per_node),
+                        str(p.world_size), p.sharding) for p in plans]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    numeric = {4, 5, 6}
+    lines = ["  ".join(c.rjust(w) if i in numeric and r is not header else c.ljust(w)
+                       for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def _bad_input(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("matrix", metavar="MATRIX")
+@click.option("--out", "out", metavar="DIR", default=None,
+              help="Output directory (default: the repository's overlays/).")
+@click.option("--check", is_flag=True, help="Write nothing; exit 1 naming every file that would change.")
+@click.option("--list", "list_runs", is_flag=True, help="Print a table of the runs; write nothing.")
+def main(matrix: str, out: str | None, check: bool, list_runs: bool) -> None:
+    """Expand MATRIX (an experiment matrix, e.g. matrix.yaml) into kustomize overlays."""
+    if check and list_runs:
+        _bad_input("--check and --list: choose one; fix: drop one of the two options")
+    out_dir = Path(out) if out is not None else DEFAULT_OUT
+    if out_dir.exists() and not out_dir.is_dir():
+        _bad_input(f"--out {out}: is a file, not a directory; fix: pass a directory (or leave --out out)")
+
+    try:
+        m = matrix_mod.load(matrix)
+        plans = plan(m)
+        if list_runs:
+            click.echo(format_table(plans))
+            return
+        root_from_out = Path(os.path.relpath(REPO_ROOT, out_dir.resolve())).as_posix()
+        files = writer.serialize(render(m, plans, root_from_out), matrix_label(matrix))
+    except MatrixError as err:
+        _bad_input(str(err))
+        return
+
+    shown = display(out_dir)
+    if check:
+        changes = writer.compare(out_dir, files)
+        for rel in changes.created:
+            click.echo(f"missing: {shown}/{rel}")
+        for rel in changes.updated:
+            click.echo(f"differs: {shown}/{rel}")
+        for rel in changes.deleted:
+            click.echo(f"stale: {shown}/{rel}")
+        if changes.all():
+            click.echo(f"{len(changes.all())} generated files are out of date; run: "
+                       f"python generators/expand.py {matrix}" + (f" --out {out}" if out else ""), err=True)
+            sys.exit(EXIT_FAILURE)
+        click.echo(f"{len(files)} generated files for {len(plans)} runs are up to date", err=True)
+        return
+    try:
+        changes = writer.write(out_dir, files)
+    except OSError as err:
+        click.echo(f"error: writing {shown}: {err}", err=True)
+        sys.exit(EXIT_FAILURE)
+    click.echo(f"{len(plans)} runs, {len(files)} files under {shown}: {len(changes.created)} created, "
+               f"{len(changes.updated)} updated, {len(changes.deleted)} stale deleted", err=True)
+
+
+if __name__ == "__main__":
+    main()

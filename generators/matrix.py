@@ -1,0 +1,689 @@
+"""Load an experiment matrix strictly and expand it into runs.
+
+The format (apiVersion fsdp-gitops/v1, kind ExperimentMatrix); every section but `clusters` and
+`repository` is optional:
+
+    apiVersion: fsdp-gitops/v1
+    kind: ExperimentMatrix
+    repository: {url: https://github.com/example/fsdp-gitops, branch: main}   # what Flux syncs
+    clusters:                      # name -> what the cluster offers (see CLUSTER_FIELDS)
+      fsdp-p5: {region: us-west-2, availability_zones: [us-west-2a], instance_types: [p5.48xlarge]}
+    defaults:                      # run fields every run starts from (see RUN_FIELDS)
+      trainer: {training: {num_epochs: 5}}
+    axes:                          # run field (dotted path) -> list of values; cartesian product
+      model: [llama2-7b, llama2-13b]
+      nodes: [1, 2]
+      trainer.parallelism.sharding_strategy: [FULL_SHARD, HYBRID_SHARD]
+    exclude:                       # partial matches removed from the product
+      - {model: llama2-13b, nodes: 1}
+    include:                       # extra explicit runs, each on top of `defaults`
+      - {model: llama2-7b, nodes: 4, cluster: fsdp-p5}
+
+Rules, in the order they apply:
+1. The YAML is strict: no duplicate keys at any level, no anchors, aliases or merge keys (`<<`),
+   string keys only, one document. Unknown keys anywhere are errors, with the closest known key.
+2. A run is a set of leaves (dotted path -> value). Mappings and dotted keys are interchangeable:
+   `trainer: {training: {lr: 1e-4}}` and `trainer.training.lr: 1e-4` are the same leaf.
+3. Axes: every combination of one value per axis, each laid over `defaults` (later axes win on a
+   shared leaf). An axis on a section (e.g. `trainer.parallelism`) takes mappings as values, so
+   settings that belong together vary together. No axes means no product: runs come from `include`.
+4. Exclude: a product run is dropped when every leaf of an exclude entry equals the run's leaf (as
+   written in the matrix, before defaults are resolved). An exclude entry matching nothing is an error
+   (it is usually a typo). Exclude never applies to `include` runs.
+5. Include: each entry laid over `defaults` is one more run.
+Values are checked where they are written: types and ranges of run fields and known cluster, model
+and instance type names at load; the trainer section's values by trainer.config.from_dict when the
+run is planned (generators/plan.py), mapped back to the line that set them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import itertools
+import re
+import typing
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Mapping
+
+import yaml
+
+from generators.catalog import INSTANCE_TYPES, MODELS
+from generators.errors import MatrixError
+from generators.model import Cluster, Repository, Run
+from trainer.config import TrainConfig
+
+API_VERSION = "fsdp-gitops/v1"
+KIND = "ExperimentMatrix"
+TOP_LEVEL_KEYS = ("apiVersion", "kind", "repository", "clusters", "defaults", "axes", "include", "exclude")
+
+# Run fields: name -> (type, default). A default of None means required. Defaults that depend on
+# the cluster or instance (instance_type, gpus_per_node) are resolved by the planner and written
+# here as "" and 0.
+RUN_FIELDS: dict[str, tuple[type, Any]] = {
+    # Cluster name (a key of `clusters`).
+    "cluster": (str, None),
+    # Model name (a key of trainer.catalog.MODELS); also sets trainer.model.name.
+    "model": (str, None),
+    # Instance type; default: the cluster's only instance type (an error when it offers several).
+    "instance_type": (str, ""),
+    # Nodes (one worker pod each), at least 1.
+    "nodes": (int, None),
+    # GPUs per node; default: every GPU of the instance.
+    "gpus_per_node": (int, 0),
+    # torchrun rendezvous backend: c10d (store on the first worker pod) or etcd (fsdp-system/etcd).
+    "rdzv_backend": (str, "c10d"),
+    # Hard cap on the job's run time in seconds (runPolicy.activeDeadlineSeconds).
+    "active_deadline_s": (int, 86400),
+    # Size limit of the memory-backed /dev/shm per pod, GiB.
+    "shm_size_gib": (int, 64),
+    # Run counter: bump to launch an unchanged configuration again (it changes the name).
+    "rev": (int, 0),
+    # Readable part of the run name instead of the generated one (DNS-1035, at most 43 characters);
+    # the planner always appends the configuration hash.
+    "name": (str, ""),
+}
+RDZV_BACKENDS = ("c10d", "etcd")
+NAME_PREFIX_MAX = 43
+
+# Cluster fields: name -> (type, default); None means required.
+CLUSTER_FIELDS: dict[str, tuple[Any, Any]] = {
+    "namespace": (str, "fsdp"),
+    "instance_types": (list, None),
+    "region": (str, None),
+    "availability_zones": (list, None),
+    "capacity_reservation_ids": (list, []),
+    "volume_size_gib": (int, 500),
+    "kubernetes_version": (str, "1.33"),
+    "max_nodes": (int, 16),
+    "shared_storage_gib": (int, 1200),
+}
+REPOSITORY_FIELDS: dict[str, tuple[Any, Any]] = {"url": (str, None), "branch": (str, "main")}
+
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d+$")
+_RESERVATION = re.compile(r"^cr-[0-9a-f]{8,17}$")
+_K8S_VERSION = re.compile(r"^1\.\d+$")
+_GIT_URL = re.compile(r"^(https://|ssh://)\S+$")
+
+
+# --------------------------------------------------------------------------------------------
+# Strict YAML with line numbers
+
+
+class _LineDict(dict):
+    """A mapping from the matrix, with the 1-based line of itself and of each key."""
+
+    line: int = 0
+    key_lines: dict[str, int]
+
+
+class _LineList(list):
+    """A sequence from the matrix, with the 1-based line of itself and of each item."""
+
+    line: int = 0
+    item_lines: list[int]
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate keys, anchors, aliases, merge keys and non-string keys."""
+
+    def __init__(self, stream: str, file: str):
+        super().__init__(stream)
+        self.file = file
+        self._path: list[str] = []
+
+    def _where(self) -> str:
+        return ".".join(p for p in self._path if p) or "(top level)"
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if isinstance(index, yaml.ScalarNode):
+            part = str(index.value)
+        elif isinstance(index, int):
+            part = f"[{index}]"
+        else:
+            part = ""
+        self._path.append(part)
+        try:
+            event = self.peek_event()
+            if isinstance(event, yaml.AliasEvent):
+                raise MatrixError(f"alias *{event.anchor} is not allowed", file=self.file,
+                                  line=event.start_mark.line + 1, key=self._where(),
+                                  fix="write the value out in full (anchors and aliases hide what a run gets)")
+            anchor = getattr(event, "anchor", None)
+            if anchor is not None:
+                raise MatrixError(f"anchor &{anchor} is not allowed", file=self.file,
+                                  line=event.start_mark.line + 1, key=self._where(),
+                                  fix="remove the anchor and write every value out in full")
+            return super().compose_node(parent, index)
+        finally:
+            self._path.pop()
+
+    def construct_line_mapping(self, node: yaml.MappingNode) -> _LineDict:
+        out = _LineDict()
+        out.line = node.start_mark.line + 1
+        out.key_lines = {}
+        for key_node, value_node in node.value:
+            line = key_node.start_mark.line + 1
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                raise MatrixError("merge key << is not allowed", file=self.file, line=line,
+                                  key=self._where(), fix="write the keys out in this mapping")
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, str):
+                raise MatrixError(f"key {key!r} is a {type(key).__name__}, not a string", file=self.file,
+                                  line=line, key=self._where(), fix=f'quote the key: "{key_node.value}"')
+            if key in out:
+                where = ".".join(p for p in self._path if p)
+                raise MatrixError(f"duplicate key (first at line {out.key_lines[key]})", file=self.file,
+                                  line=line, key=f"{where}.{key}" if where else key,
+                                  fix="keep one of the two entries")
+            self._path.append(key)
+            try:
+                out[key] = self.construct_object(value_node, deep=True)
+            finally:
+                self._path.pop()
+            out.key_lines[key] = line
+        return out
+
+    def construct_line_sequence(self, node: yaml.SequenceNode) -> _LineList:
+        out = _LineList()
+        out.line = node.start_mark.line + 1
+        out.item_lines = []
+        for i, child in enumerate(node.value):
+            self._path.append(f"[{i}]")
+            try:
+                out.append(self.construct_object(child, deep=True))
+            finally:
+                self._path.pop()
+            out.item_lines.append(child.start_mark.line + 1)
+        return out
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:map", _StrictLoader.construct_line_mapping)
+_StrictLoader.add_constructor("tag:yaml.org,2002:seq", _StrictLoader.construct_line_sequence)
+
+
+def load_yaml(text: str, file: str) -> Any:
+    """Parse one strict YAML document; every problem is a MatrixError with its line."""
+    loader = _StrictLoader(text, file)
+    try:
+        return loader.get_single_data()
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        problem = err.problem or err.context or "not valid YAML"
+        raise MatrixError(f"YAML syntax error: {problem}", file=file, line=mark.line + 1 if mark else 0,
+                          fix="correct the YAML at this line (indentation, quoting, a missing ':')") from None
+    except yaml.YAMLError as err:
+        raise MatrixError(f"YAML error: {err}", file=file, fix="correct the YAML syntax") from None
+    finally:
+        loader.dispose()
+
+
+# --------------------------------------------------------------------------------------------
+# The matrix as frozen data
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One value of a run as written in the matrix."""
+
+    value: Any
+    # 1-based line of the key that set it.
+    line: int
+    # Full key in the matrix, e.g. "include[2].trainer.training.lr" or "axes.nodes[1]".
+    key: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Entry:
+    """A partial run: `defaults`, one include/exclude item, or one value of an axis."""
+
+    key: str
+    line: int
+    # Run path ("nodes", "trainer.training.lr") -> Leaf. Built once, never mutated.
+    leaves: Mapping[str, Leaf]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Axis:
+    # Run path the axis varies, e.g. "nodes" or "trainer.parallelism".
+    path: str
+    key: str
+    line: int
+    values: tuple[Entry, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Matrix:
+    # The matrix path as given (used in every error message and in the generated banners).
+    file: str
+    repository: Repository
+    clusters: Mapping[str, Cluster]
+    defaults: Entry
+    axes: tuple[Axis, ...]
+    include: tuple[Entry, ...]
+    exclude: tuple[Entry, ...]
+    # Line of the `axes` key (0 when absent): where a run from the product points when no leaf does.
+    axes_line: int
+
+
+def _err(file: str, line: int, key: str, message: str, fix: str) -> MatrixError:
+    return MatrixError(message, file=file, line=line, key=key, fix=fix)
+
+
+def _type_word(tp: Any) -> str:
+    return {str: "a string", int: "an integer", list: "a list", dict: "a mapping", bool: "true or false"}[tp]
+
+
+def _is_type(value: Any, tp: Any) -> bool:
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is dict:
+        return isinstance(value, Mapping)
+    return isinstance(value, tp)
+
+
+def _suggest(key: str, known: typing.Iterable[str]) -> str:
+    known = sorted(known)
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"{hint}known keys here: {', '.join(known)}"
+
+
+def _check_keys(file: str, data: _LineDict, known: typing.Iterable[str], prefix: str) -> None:
+    known = tuple(known)
+    for key in data:
+        if key not in known:
+            raise _err(file, data.key_lines[key], f"{prefix}.{key}" if prefix else key, "unknown key",
+                       f"remove it or use a known key ({_suggest(key, known)})")
+
+
+def _mapping(file: str, value: Any, line: int, key: str, what: str) -> _LineDict:
+    if not isinstance(value, _LineDict):
+        raise _err(file, line, key, f"must be a mapping ({what}), got {_describe(value)}",
+                   f"write {key} as 'key: value' lines indented under it")
+    return value
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return f"{value!r} ({type(value).__name__})"
+
+
+def _fields(file: str, data: _LineDict, schema: Mapping[str, tuple[Any, Any]], prefix: str) -> dict[str, Any]:
+    """Check keys and value types of a flat mapping against `schema`; fill in the defaults."""
+    _check_keys(file, data, schema, prefix)
+    out: dict[str, Any] = {}
+    for name, (tp, default) in schema.items():
+        key = f"{prefix}.{name}"
+        if name not in data:
+            if default is None:
+                raise _err(file, data.line, key, "is required", f"add {name} under {prefix}")
+            out[name] = default
+            continue
+        value = data[name]
+        if not _is_type(value, tp):
+            fix = f"set {name} to {_type_word(tp)}"
+            if tp is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+                fix = f'quote it: {name}: "{value}"'
+            raise _err(file, data.key_lines[name], key, f"got {_describe(value)}; must be {_type_word(tp)}", fix)
+        out[name] = value
+    return out
+
+
+def _str_list(file: str, data: _LineDict, name: str, prefix: str, pattern: re.Pattern[str] | None,
+              what: str, nonempty: bool) -> tuple[str, ...]:
+    items = data.get(name, [])
+    line = data.key_lines.get(name, data.line)
+    if nonempty and not items:
+        raise _err(file, line, f"{prefix}.{name}", "must not be empty", f"list at least one {what}")
+    seen: set[str] = set()
+    for i, item in enumerate(items):
+        iline = items.item_lines[i] if isinstance(items, _LineList) else line
+        ikey = f"{prefix}.{name}[{i}]"
+        if not isinstance(item, str):
+            raise _err(file, iline, ikey, f"got {_describe(item)}; must be a string", f"write a {what}")
+        if pattern is not None and not pattern.match(item):
+            raise _err(file, iline, ikey, f"{item!r} is not a valid {what}", f"write a {what}")
+        if item in seen:
+            raise _err(file, iline, ikey, f"{item!r} is listed twice", "list it once")
+        seen.add(item)
+    return tuple(items)
+
+
+def _parse_repository(file: str, data: Any, line: int) -> Repository:
+    data = _mapping(file, data, line, "repository", "url and branch of the Git repository Flux syncs")
+    f = _fields(file, data, REPOSITORY_FIELDS, "repository")
+    if not _GIT_URL.match(f["url"]):
+        raise _err(file, data.key_lines["url"], "repository.url", f"{f['url']!r} is not an https:// or ssh:// URL",
+                   "use the clone URL, e.g. https://github.com/example/fsdp-gitops")
+    if not f["branch"] or any(c.isspace() for c in f["branch"]):
+        raise _err(file, data.key_lines.get("branch", data.line), "repository.branch",
+                   f"{f['branch']!r} is not a branch name", "name the branch Flux follows, e.g. main")
+    return Repository(url=f["url"], branch=f["branch"])
+
+
+def _parse_cluster(file: str, name: str, data: Any, line: int) -> Cluster:
+    prefix = f"clusters.{name}"
+    if not _DNS1123_LABEL.match(name) or len(name) > 30:
+        raise _err(file, line, prefix, f"cluster name {name!r} is not a DNS-1123 label of at most 30 characters",
+                   "use lowercase letters, digits and '-', e.g. fsdp-p5")
+    data = _mapping(file, data, line, prefix, "what the cluster offers")
+    f = _fields(file, data, CLUSTER_FIELDS, prefix)
+    if not _DNS1123_LABEL.match(f["namespace"]) or len(f["namespace"]) > 63:
+        raise _err(file, data.key_lines.get("namespace", data.line), f"{prefix}.namespace",
+                   f"{f['namespace']!r} is not a namespace name", "use a DNS-1123 label, e.g. fsdp")
+    types = _str_list(file, data, "instance_types", prefix, None, "instance type", nonempty=True)
+    for i, itype in enumerate(types):
+        if itype not in INSTANCE_TYPES:
+            raise _err(file, data["instance_types"].item_lines[i], f"{prefix}.instance_types[{i}]",
+                       f"unknown instance type {itype!r}", f"use one of {', '.join(sorted(INSTANCE_TYPES))}")
+    if not _REGION.match(f["region"]):
+        raise _err(file, data.key_lines["region"], f"{prefix}.region", f"{f['region']!r} is not an AWS region",
+                   "write a region such as us-west-2")
+    zones = _str_list(file, data, "availability_zones", prefix, None, "availability zone", nonempty=True)
+    for i, zone in enumerate(zones):
+        if not re.fullmatch(re.escape(f["region"]) + r"[a-z]", zone):
+            raise _err(file, data["availability_zones"].item_lines[i], f"{prefix}.availability_zones[{i}]",
+                       f"{zone!r} is not a zone of region {f['region']}", f"write a zone such as {f['region']}a")
+    reservations = _str_list(file, data, "capacity_reservation_ids", prefix, _RESERVATION,
+                             "capacity reservation id (cr- and 8 to 17 hex digits)", nonempty=False)
+    if not _K8S_VERSION.match(f["kubernetes_version"]):
+        raise _err(file, data.key_lines["kubernetes_version"], f"{prefix}.kubernetes_version",
+                   f"{f['kubernetes_version']!r} is not a Kubernetes minor version", 'write it quoted, e.g. "1.33"')
+    for field_name, least in (("volume_size_gib", 20), ("max_nodes", 1), ("shared_storage_gib", 1)):
+        if f[field_name] < least:
+            raise _err(file, data.key_lines.get(field_name, data.line), f"{prefix}.{field_name}",
+                       f"{f[field_name]} is too small", f"set it to at least {least}")
+    return Cluster(name=name, namespace=f["namespace"], instance_types=types, region=f["region"],
+                   availability_zones=zones, capacity_reservation_ids=reservations,
+                   volume_size_gib=f["volume_size_gib"], kubernetes_version=f["kubernetes_version"],
+                   max_nodes=f["max_nodes"], shared_storage_gib=f["shared_storage_gib"])
+
+
+@lru_cache(maxsize=1)
+def trainer_schema() -> dict[str, Any]:
+    """The trainer config's key tree: section -> {key: None for a value, or a nested tree}."""
+
+    def tree(cls: type) -> dict[str, Any]:
+        hints = typing.get_type_hints(cls)
+        return {f.name: tree(hints[f.name]) if dataclasses.is_dataclass(hints[f.name]) else None
+                for f in dataclasses.fields(cls)}
+
+    return tree(TrainConfig)
+
+
+@lru_cache(maxsize=1)
+def run_schema() -> dict[str, Any]:
+    """The key tree of one run: run fields (values) and the trainer section."""
+    return {**{name: None for name in RUN_FIELDS}, "trainer": trainer_schema()}
+
+
+def _schema_at(path: str) -> Any:
+    """The schema node of a run path ("" = the run): None for a value, a dict for a section.
+
+    Raises KeyError naming the first unknown part.
+    """
+    node: Any = run_schema()
+    if not path:
+        return node
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise KeyError(part)
+        node = node[part]
+    return node
+
+
+def _known_at(path: str) -> list[str]:
+    """Keys valid right below `path` ("" = the run itself), for error hints."""
+    node = _schema_at(path)
+    return sorted(node) if isinstance(node, dict) else []
+
+
+class _Flattener:
+    """Turns a (partial) run mapping into leaves, checking every path and run-field value."""
+
+    def __init__(self, file: str, clusters: Mapping[str, Cluster]):
+        self.file = file
+        self.clusters = clusters
+
+    def entry(self, data: Any, line: int, key: str, base_path: str = "") -> Entry:
+        leaves: dict[str, Leaf] = {}
+        self._walk(data, line, key, base_path, leaves)
+        return Entry(key=key, line=line, leaves=leaves)
+
+    def _walk(self, value: Any, line: int, key: str, path: str, leaves: dict[str, Leaf]) -> None:
+        node = _schema_at(path)
+        if isinstance(node, dict):  # a section (or the run itself)
+            what = "run fields" if not path else f"keys of {path}"
+            data = _mapping(self.file, value, line, key, what)
+            for sub, sub_value in data.items():
+                sub_line = data.key_lines[sub]
+                sub_key = f"{key}.{sub}"
+                sub_path = f"{path}.{sub}" if path else sub
+                try:
+                    _schema_at(sub_path)
+                except KeyError as missing:
+                    known = _known_at(path)
+                    bad = str(missing).strip("'")
+                    raise _err(self.file, sub_line, sub_key, f"unknown key {bad!r}",
+                               f"use a known key ({_suggest(bad, known)})") from None
+                self._walk(sub_value, sub_line, sub_key, sub_path, leaves)
+            return
+        if path in leaves:
+            raise _err(self.file, line, key, f"{path} is set twice in this entry (first at line {leaves[path].line})",
+                       "set it once, either nested or as a dotted key")
+        leaves[path] = Leaf(self.value(path, value, line, key), line, key)
+
+    def value(self, path: str, value: Any, line: int, key: str) -> Any:
+        """Check a leaf value: run fields fully here, trainer values later by from_dict."""
+        if isinstance(value, (Mapping, list)):
+            raise _err(self.file, line, key, f"got {_describe(value)}; must be a single value",
+                       "give one value (use `axes` to vary it)")
+        if path.startswith("trainer."):
+            return value
+        tp = RUN_FIELDS[path][0]
+        if not _is_type(value, tp):
+            fix = f"set {path} to {_type_word(tp)}"
+            if tp is str and value is not None and not isinstance(value, bool):
+                fix = f'quote it: {path}: "{value}"'
+            raise _err(self.file, line, key, f"got {_describe(value)}; must be {_type_word(tp)}", fix)
+        if path == "cluster" and value not in self.clusters:
+            raise _err(self.file, line, key, f"unknown cluster {value!r}",
+                       f"use one of the clusters defined under clusters: {', '.join(sorted(self.clusters)) or '(none)'}")
+        if path == "model" and value not in MODELS:
+            raise _err(self.file, line, key, f"unknown model {value!r}", f"use one of {', '.join(sorted(MODELS))}")
+        if path == "instance_type" and value not in INSTANCE_TYPES:
+            raise _err(self.file, line, key, f"unknown instance type {value!r}",
+                       f"use one of {', '.join(sorted(INSTANCE_TYPES))}")
+        if path == "rdzv_backend" and value not in RDZV_BACKENDS:
+            raise _err(self.file, line, key, f"unknown rendezvous backend {value!r}", "use c10d or etcd")
+        least = {"nodes": 1, "gpus_per_node": 1, "active_deadline_s": 60, "shm_size_gib": 1, "rev": 0}.get(path)
+        if least is not None and value < least:
+            raise _err(self.file, line, key, f"{value} is below {least}", f"set {path} to {least} or more")
+        if path == "name" and (not _DNS1035_LABEL.match(value) or len(value) > NAME_PREFIX_MAX):
+            raise _err(self.file, line, key, f"{value!r} is not a DNS-1035 label of at most {NAME_PREFIX_MAX} characters",
+                       "use lowercase letters, digits and '-', starting with a letter")
+        return value
+
+
+def parse(data: Any, file: str) -> Matrix:
+    """Validate the loaded YAML and build the Matrix (first error wins)."""
+    if data is None:
+        raise _err(file, 1, "(top level)", "the file is empty",
+                   f"start with 'apiVersion: {API_VERSION}' and 'kind: {KIND}' (see README.md)")
+    if not isinstance(data, _LineDict):
+        raise _err(file, 1, "(top level)", f"the top level is {_describe(data)}, not a mapping",
+                   "write the sections apiVersion, kind, repository, clusters, defaults, axes, include, exclude")
+    _check_keys(file, data, TOP_LEVEL_KEYS, "")
+    lines = data.key_lines
+    if data.get("apiVersion") != API_VERSION:
+        raise _err(file, lines.get("apiVersion", data.line), "apiVersion",
+                   f"got {_describe(data.get('apiVersion'))}; this generator reads {API_VERSION}",
+                   f"set apiVersion: {API_VERSION}")
+    if data.get("kind") != KIND:
+        raise _err(file, lines.get("kind", data.line), "kind", f"got {_describe(data.get('kind'))}",
+                   f"set kind: {KIND}")
+    for required in ("repository", "clusters"):
+        if required not in data:
+            raise _err(file, data.line, required, "is required", f"add a {required} section (see README.md)")
+    repository = _parse_repository(file, data["repository"], lines["repository"])
+
+    raw_clusters = _mapping(file, data["clusters"], lines["clusters"], "clusters", "cluster name -> settings")
+    if not raw_clusters:
+        raise _err(file, lines["clusters"], "clusters", "no cluster defined", "define at least one cluster")
+    clusters = {name: _parse_cluster(file, name, value, raw_clusters.key_lines[name])
+                for name, value in raw_clusters.items()}
+
+    flat = _Flattener(file, clusters)
+    defaults = flat.entry(data.get("defaults", _empty(data.line)), lines.get("defaults", data.line), "defaults")
+
+    axes: list[Axis] = []
+    if "axes" in data:
+        raw_axes = _mapping(file, data["axes"], lines["axes"], "axes", "run field -> list of values")
+        for path, values in raw_axes.items():
+            aline = raw_axes.key_lines[path]
+            akey = f"axes.{path}"
+            try:
+                _schema_at(path)
+            except KeyError as missing:
+                parent = path.rpartition(".")[0]
+                known = _known_at(parent) if _schema_ok(parent) else _known_at("")
+                raise _err(file, aline, akey, f"unknown key {str(missing)}",
+                           f"use a run field or dotted trainer key ({_suggest(path.rpartition('.')[2], known)})") from None
+            if not isinstance(values, _LineList) or not values:
+                raise _err(file, aline, akey, f"got {_describe(values)}; an axis is a non-empty list of values",
+                           f"write {path}: [value1, value2, ...]")
+            entries = tuple(flat.entry(v, values.item_lines[i], f"{akey}[{i}]", path) for i, v in enumerate(values))
+            seen: dict[Any, int] = {}
+            for i, e in enumerate(entries):
+                sig = _signature(e.leaves)
+                if sig in seen:
+                    raise _err(file, e.line, e.key, f"same value as {akey}[{seen[sig]}]", "list each value once")
+                seen[sig] = i
+            axes.append(Axis(path=path, key=akey, line=aline, values=entries))
+
+    include = _entries(file, data, "include", flat)
+    exclude = _entries(file, data, "exclude", flat)
+    for e in exclude:
+        if not e.leaves:
+            raise _err(file, e.line, e.key, "an empty exclude entry would remove every run", "name the keys to match")
+    if not axes and not include:
+        raise _err(file, data.line, "axes", "the matrix defines no runs", "add axes or include entries")
+    return Matrix(file=file, repository=repository, clusters=clusters, defaults=defaults, axes=tuple(axes),
+                  include=include, exclude=exclude, axes_line=lines.get("axes", 0))
+
+
+def _schema_ok(path: str) -> bool:
+    try:
+        _schema_at(path)
+        return True
+    except KeyError:
+        return False
+
+
+def _empty(line: int) -> _LineDict:
+    out = _LineDict()
+    out.line = line
+    out.key_lines = {}
+    return out
+
+
+def _entries(file: str, data: _LineDict, section: str, flat: _Flattener) -> tuple[Entry, ...]:
+    if section not in data:
+        return ()
+    items = data[section]
+    line = data.key_lines[section]
+    if not isinstance(items, _LineList):
+        raise _err(file, line, section, f"got {_describe(items)}; must be a list of run mappings",
+                   f"write each {section} entry as '- key: value'")
+    return tuple(flat.entry(item, items.item_lines[i], f"{section}[{i}]") for i, item in enumerate(items))
+
+
+def _signature(leaves: Mapping[str, Leaf]) -> tuple:
+    """Type-aware identity of a set of leaves (so 1, 1.0 and true stay different)."""
+    return tuple(sorted((p, type(leaf.value).__name__, repr(leaf.value)) for p, leaf in leaves.items()))
+
+
+def _same(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a == b
+
+
+def load(path: str, text: str | None = None) -> Matrix:
+    """Read, strictly parse and validate a matrix file. `path` is used as given in messages."""
+    if text is None:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+        except FileNotFoundError:
+            raise MatrixError("file not found", file=path, key="MATRIX",
+                              fix="pass the path of an existing matrix file, e.g. matrix.yaml") from None
+        except IsADirectoryError:
+            raise MatrixError("is a directory", file=path, key="MATRIX", fix="pass the matrix file itself") from None
+        except UnicodeDecodeError as err:
+            raise MatrixError(f"not UTF-8 text ({err.reason})", file=path, key="MATRIX",
+                              fix="save the file as UTF-8") from None
+    return parse(load_yaml(text, path), path)
+
+
+# --------------------------------------------------------------------------------------------
+# Expansion
+
+
+def expand(matrix: Matrix) -> list[Run]:
+    """Axes product minus exclusions, then the include runs; in matrix order, deterministic."""
+    runs: list[Run] = []
+    matched = [0] * len(matrix.exclude)
+    base = matrix.defaults.leaves
+    if matrix.axes:
+        excludes = [tuple(e.leaves.items()) for e in matrix.exclude]
+        for combo in itertools.product(*(axis.values for axis in matrix.axes)):
+            leaves = dict(base)
+            for value in combo:
+                leaves.update(value.leaves)
+            dropped = False
+            for i, conditions in enumerate(excludes):
+                if all(p in leaves and _same(leaves[p].value, leaf.value) for p, leaf in conditions):
+                    matched[i] += 1
+                    dropped = True
+            if not dropped:
+                runs.append(_run(matrix, leaves, "axes", matrix.axes_line))
+    for i, count in enumerate(matched):
+        if count == 0:
+            e = matrix.exclude[i]
+            raise _err(matrix.file, e.line, e.key, "matches no run of the axes product",
+                       "correct the values (they must equal the axes values exactly) or remove the entry")
+    for entry in matrix.include:
+        leaves = dict(base)
+        leaves.update(entry.leaves)
+        runs.append(_run(matrix, leaves, entry.key, entry.line))
+    return runs
+
+
+def _run(matrix: Matrix, leaves: Mapping[str, Leaf], entry_key: str, entry_line: int) -> Run:
+    fields: dict[str, Any] = {}
+    for name, (_, default) in RUN_FIELDS.items():
+        leaf = leaves.get(name)
+        if leaf is not None:
+            fields[name] = leaf.value
+        elif default is None:
+            raise _err(matrix.file, entry_line, f"{entry_key}.{name}", "is required for every run",
+                       f"set {name} in defaults, in an axis or in this entry")
+        else:
+            fields[name] = default
+    trainer: dict[str, Any] = {}
+    for path, leaf in leaves.items():
+        if path.startswith("trainer."):
+            parts = path.split(".")
+            node = trainer
+            for part in parts[1:-1]:
+                node = node.setdefault(part, {})
+            node[parts[-1]] = leaf.value
+    sources = {path: (leaf.line, leaf.key) for path, leaf in leaves.items()}
+    return Run(**fields, trainer=trainer, entry_key=entry_key, entry_line=entry_line, sources=sources)

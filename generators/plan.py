@@ -1,0 +1,272 @@
+"""Resolve expanded runs against the catalogs into Plans, and name them.
+
+For each run, in this order: instance type (the cluster must offer it) -> GPUs per node (at most the
+instance's) -> nodes (at most the cluster's max_nodes) -> the trainer config (validated by
+trainer.config.from_dict, the one source of truth) -> sharding topology (trainer.config.check_topology)
+-> a memory-fit estimate -> /dev/shm against host memory -> name, rendezvous and per-run paths.
+Every failure is a MatrixError pointing at the matrix line that set the offending value.
+
+Run names
+---------
+`<model>-<family>-n<nodes>[-g<gpus>]-<sharding>[-etcd][-r<rev>]-<hash>`, for example
+`llama2-7b-p5-n2-fullshard-3fa9c1`: a DNS-1035 label of at most 50 characters (the Training
+Operator appends `-worker-<i>` to name pods and Services, and those must stay within 63). The readable
+part (or the run's `name` field in its place) is cut to 43 characters when longer.
+
+`<hash>` is the first 6 hex digits of a SHA-256 over everything that shapes the job: cluster, model,
+instance type, nodes, GPUs, rendezvous backend, deadline, /dev/shm size, rev, the name field and the
+fully resolved trainer config. A PyTorchJob spec is effectively immutable (the operator does not
+restart pods when it changes, and Flux would keep re-applying a spec the running job ignores), so
+any change to a run's configuration must create a new job under a new name; the hash does that with
+no bookkeeping, and it also tells apart the same experiment on two clusters with one instance type.
+Consequences, on purpose: changing a trainer default in trainer/config.py renames every run whose
+resolved config changes (Flux then prunes the old jobs and starts the new ones; results on the shared
+volume stay under the old names); to run an unchanged configuration again, bump `rev`. Names are
+stable: the same matrix and code give the same names on every machine. Two runs with the same name
+are the same run twice and are an error.
+
+Memory-fit estimate
+-------------------
+Per GPU, in bytes (P parameters, L layers, b batch per GPU, s sequence length, h hidden size,
+kv KV width, i intermediate size, V vocabulary, d = 2 for bf16 or 4 for fp32):
+- sharded state: P x (4 fp32 parameters + 4 fp32 gradients + 8 AdamW moments, 4 in bf16)
+  / shard group (world size; HYBRID_SHARD: the shard group; NO_SHARD: 1);
+- gathered parameters: FULL_SHARD / HYBRID_SHARD two decoder layers (the current one and the
+  prefetched one) plus the root (embeddings, norm, lm_head) in d bytes; SHARD_GRAD_OP and NO_SHARD
+  keep all P parameters gathered; plus one layer's unsharded fp32 gradients;
+- activations: a layer's inputs b x s x h x d for checkpointed layers, and b x s x (6h + 2kv + 4i) x d
+  for a layer that keeps its activations (all layers with no checkpointing; every layer but each Nth
+  with selective; plus the one being recomputed);
+- the loss: chunked b x s capped at loss_chunk_size rows of V fp32 logits and their gradient;
+  full: all b x s rows;
+- a fixed 4 GiB for the CUDA context, NCCL buffers and allocator fragmentation.
+A run whose estimate exceeds the GPU's memory is rejected. The estimate is deliberately simple: it
+rejects runs that clearly cannot fit (Llama 2 70B on one node) and does not promise that others fit.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from typing import Any, Sequence
+
+from generators.catalog import INSTANCE_TYPES, MODELS, Architecture, efa_for
+from generators.errors import MatrixError
+from generators.matrix import Matrix, expand
+from generators.model import Plan, Run
+from trainer.config import ConfigError, TrainConfig, check_topology, from_dict, to_dict
+
+NAME_MAX = 50
+HASH_LEN = 6
+# c10d: the first worker pod hosts the rendezvous store. The Training Operator (v1) names worker pods
+# and their headless Services <job>-worker-<index> (genGeneralName), so the name resolves in the
+# job's namespace as soon as that pod is scheduled.
+C10D_PORT = 29400
+# etcd: the shared server in fsdp-system (base/etcd), client port 2379.
+ETCD_ENDPOINT = "etcd.fsdp-system.svc.cluster.local:2379"
+# Paths on the shared volume (PVC fsdp-shared mounted at /shared in every run pod).
+SHARED_MOUNT = "/shared"
+CHECKPOINT_ROOT = f"{SHARED_MOUNT}/checkpoints"
+RUNS_ROOT = f"{SHARED_MOUNT}/runs"
+OVERHEAD_GIB = 4.0
+GIB = 1024**3
+# Trainer keys the planner sets for every run; the matrix must not set them.
+GENERATED_TRAINER_KEYS = {
+    "model.name": "set the run's `model` field instead",
+    "checkpoint.dir": f"the planner sets it to {CHECKPOINT_ROOT}/<run name>",
+    "metrics.output_dir": f"the planner sets it to {RUNS_ROOT}/<run name>",
+}
+
+
+def plan(matrix: Matrix) -> list[Plan]:
+    """Expand and plan every run of the matrix; raise MatrixError on the first bad run."""
+    return plan_runs(matrix, expand(matrix))
+
+
+def plan_runs(matrix: Matrix, runs: Sequence[Run]) -> list[Plan]:
+    plans: list[Plan] = []
+    seen: dict[str, Run] = {}
+    cache: dict[str, TrainConfig] = {}
+    for run in runs:
+        p = plan_run(matrix, run, cache)
+        first = seen.get(p.name)
+        if first is not None:
+            raise MatrixError(
+                f"run {p.name} is defined twice (also by {first.entry_key} at line {first.entry_line})",
+                file=matrix.file, line=run.entry_line, key=run.entry_key,
+                fix="remove the duplicate, or make it differ (for a repeat of the same run, bump rev)")
+        seen[p.name] = run
+        plans.append(p)
+    return plans
+
+
+def _where(matrix: Matrix, run: Run, path: str) -> tuple[int, str]:
+    """Line and matrix key of the value at run path `path` (or of its closest set parent/child)."""
+    probe = path
+    while probe:
+        if probe in run.sources:
+            return run.sources[probe]
+        probe = probe.rpartition(".")[0]
+    for p, src in run.sources.items():
+        if p.startswith(path + "."):
+            return src
+    return run.entry_line, f"{run.entry_key}.{path}"
+
+
+def _fail(matrix: Matrix, run: Run, path: str, message: str, fix: str, readable: str = "") -> MatrixError:
+    line, key = _where(matrix, run, path)
+    if readable:
+        message = f"{message} (run {readable})"
+    return MatrixError(message, file=matrix.file, line=line, key=key, fix=fix)
+
+
+def slug(text: str) -> str:
+    """'llama3.1-8b' -> 'llama3-1-8b'; 'HYBRID_SHARD' -> 'hybridshard'."""
+    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+
+
+def readable_name(run: Run, family: str, gpus_per_node: int, num_gpus: int, sharding: str) -> str:
+    """The human part of the name (the run's `name` field when set), at most 43 characters."""
+    if run.name:
+        text = run.name
+    else:
+        parts = [slug(run.model), family, f"n{run.nodes}"]
+        if gpus_per_node != num_gpus:
+            parts.append(f"g{gpus_per_node}")
+        parts.append(sharding.lower().replace("_", ""))
+        if run.rdzv_backend != "c10d":
+            parts.append(run.rdzv_backend)
+        if run.rev:
+            parts.append(f"r{run.rev}")
+        text = "-".join(parts)
+    return text[: NAME_MAX - HASH_LEN - 1].rstrip("-")
+
+
+def config_hash(payload: dict[str, Any]) -> str:
+    blob = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(blob.encode("ascii")).hexdigest()[:HASH_LEN]
+
+
+def estimate_gpu_memory_gib(arch: Architecture, cfg: TrainConfig, shard_size: int) -> float:
+    """Estimated peak memory per GPU in GiB (see the module docstring for the model)."""
+    P, L, h = arch.num_params, arch.num_layers, arch.hidden_size
+    kv = arch.num_kv_heads * arch.head_dim
+    par, tr = cfg.parallelism, cfg.training
+    d = 2 if par.precision == "bf16" else 4
+    state_bytes = 4 + 4 + (4 if tr.bf16_optimizer_state else 8)
+    sharded = P * state_bytes / shard_size
+    root = arch.num_embedding_params + h
+    layer = (P - root) / L
+    if par.sharding_strategy in ("FULL_SHARD", "HYBRID_SHARD"):
+        gathered = (2 * layer + root) * d
+    else:
+        gathered = P * d
+    gathered += layer * 4
+    tokens = tr.batch_size_per_gpu * cfg.data.seq_len
+    layer_in = tokens * h * d
+    layer_full = tokens * (6 * h + 2 * kv + 4 * arch.intermediate_size) * d
+    if par.activation_checkpointing == "none":
+        acts = L * layer_full
+    elif par.activation_checkpointing == "full":
+        acts = L * layer_in + layer_full
+    else:
+        checkpointed = L // par.selective_ac_every
+        acts = checkpointed * layer_in + (L - checkpointed) * layer_full + layer_full
+    rows = min(tokens, tr.loss_chunk_size) if tr.loss_impl == "chunked" else tokens
+    loss = rows * arch.vocab_size * 4 * 2
+    return (sharded + gathered + acts + loss) / GIB + OVERHEAD_GIB
+
+
+def plan_run(matrix: Matrix, run: Run, cache: dict[str, TrainConfig] | None = None) -> Plan:
+    """Resolve one run (see the module docstring for the order of checks)."""
+    cluster = matrix.clusters[run.cluster]
+
+    instance_name = run.instance_type
+    if not instance_name:
+        if len(cluster.instance_types) != 1:
+            raise _fail(matrix, run, "instance_type",
+                        f"cluster {cluster.name} offers {len(cluster.instance_types)} instance types",
+                        f"set instance_type to one of {', '.join(cluster.instance_types)}")
+        instance_name = cluster.instance_types[0]
+    elif instance_name not in cluster.instance_types:
+        raise _fail(matrix, run, "instance_type", f"cluster {cluster.name} does not offer {instance_name}",
+                    f"use one of {', '.join(cluster.instance_types)} or add it to clusters.{cluster.name}.instance_types")
+    instance = INSTANCE_TYPES[instance_name]
+
+    gpus = run.gpus_per_node or instance.num_gpus
+    if gpus > instance.num_gpus:
+        raise _fail(matrix, run, "gpus_per_node", f"{gpus} GPUs per node, but {instance_name} has {instance.num_gpus}",
+                    f"use 1 to {instance.num_gpus}, or leave gpus_per_node out to use every GPU")
+    if run.nodes > cluster.max_nodes:
+        raise _fail(matrix, run, "nodes", f"{run.nodes} nodes, but cluster {cluster.name} scales to {cluster.max_nodes}",
+                    f"use at most {cluster.max_nodes} nodes or raise clusters.{cluster.name}.max_nodes")
+    world = run.nodes * gpus
+
+    for key, why in GENERATED_TRAINER_KEYS.items():
+        if f"trainer.{key}" in run.sources:
+            raise _fail(matrix, run, f"trainer.{key}", "is set by the generator, not the matrix",
+                        f"remove it ({why})")
+    arch = MODELS[run.model]
+    trainer_data = dict(run.trainer)
+    model_section = dict(trainer_data.get("model", {}))
+    model_section["name"] = run.model
+    model_section.setdefault("path", arch.hf_id)
+    trainer_data["model"] = model_section
+
+    cache_key = json.dumps(trainer_data, sort_keys=True, default=repr)
+    cfg = cache.get(cache_key) if cache is not None else None
+    if cfg is None:
+        try:
+            cfg = from_dict(trainer_data)
+        except ConfigError as err:
+            raise _fail(matrix, run, f"trainer.{err.key}" if err.key else "trainer", err.message,
+                        f"correct trainer.{err.key} (the trainer's keys and values are defined in trainer/config.py)"
+                        ) from None
+        if cache is not None:
+            cache[cache_key] = cfg
+
+    par = cfg.parallelism
+    try:
+        shard_size = check_topology(par, world, gpus)
+    except ConfigError as err:
+        raise _fail(matrix, run, f"trainer.{err.key}", err.message,
+                    f"use a shard_group_size that divides {world} (nodes x GPUs per node), or 0 for one node") from None
+
+    family = instance.family
+    readable = readable_name(run, family, gpus, instance.num_gpus, par.sharding_strategy)
+    est = estimate_gpu_memory_gib(arch, cfg, shard_size)
+    if est > instance.gpu_memory_gib:
+        raise _fail(matrix, run, "nodes",
+                    f"{run.model} needs about {est:.0f} GiB per GPU with {par.sharding_strategy} over "
+                    f"{shard_size} GPUs, but {instance_name} GPUs have {instance.gpu_memory_gib} GiB",
+                    f"use more nodes, a larger-memory instance or a smaller batch, or exclude "
+                    f"{{model: {run.model}, nodes: {run.nodes}}}", readable)
+    shm_cap = instance.host_memory_gib * gpus // instance.num_gpus // 2
+    if run.shm_size_gib > shm_cap:
+        raise _fail(matrix, run, "shm_size_gib",
+                    f"{run.shm_size_gib} GiB of /dev/shm is more than half the host memory of the GPUs' share "
+                    f"of {instance_name}", f"use at most {shm_cap}", readable)
+
+    digest = config_hash({
+        "cluster": run.cluster, "model": run.model, "instance_type": instance_name, "nodes": run.nodes,
+        "gpus_per_node": gpus, "rdzv_backend": run.rdzv_backend, "active_deadline_s": run.active_deadline_s,
+        "shm_size_gib": run.shm_size_gib, "rev": run.rev, "name": run.name, "trainer": to_dict(cfg),
+    })
+    name = f"{readable}-{digest}"
+    cfg = dataclasses.replace(
+        cfg,
+        checkpoint=dataclasses.replace(cfg.checkpoint, dir=f"{CHECKPOINT_ROOT}/{name}"),
+        metrics=dataclasses.replace(cfg.metrics, output_dir=f"{RUNS_ROOT}/{name}"),
+    )
+    endpoint = f"{name}-worker-0:{C10D_PORT}" if run.rdzv_backend == "c10d" else ETCD_ENDPOINT
+    return Plan(
+        name=name, cluster=cluster.name, namespace=cluster.namespace, model=run.model, hf_id=arch.hf_id,
+        instance_type=instance_name, gpu_model=instance.gpu_model, gpu_memory_gib=instance.gpu_memory_gib,
+        nodes=run.nodes, gpus_per_node=gpus, world_size=world, efa_per_node=efa_for(instance, gpus),
+        efa_rdma=instance.efa_rdma and instance.num_efa > 0, sharding=par.sharding_strategy,
+        shard_group_size=shard_size, overlay_dir=f"runs/{cluster.name}/{name}", rdzv_backend=run.rdzv_backend,
+        rdzv_endpoint=endpoint, rdzv_id=name, active_deadline_s=run.active_deadline_s,
+        shm_size_gib=run.shm_size_gib, est_gpu_memory_gib=round(est, 1), rev=run.rev, config_hash=digest,
+        trainer=cfg,
+    )
