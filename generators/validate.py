@@ -327,7 +327,7 @@ class Repo:
             with tempfile.TemporaryDirectory() as tmp:
                 Path(tmp, "kustomization.yaml").write_text(
                     f"apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\ncomponents:\n"
-                    f"  - {json.dumps(str(self.root / d))}\n")
+                    f"  - {json.dumps(os.path.relpath(self.root / d, tmp))}\n")  # kustomize wants it relative
                 proc = _kustomize(kustomize, tmp)
         else:
             proc = _kustomize(kustomize, str(self.root / d))

@@ -8,7 +8,9 @@ directory the CLI uses). The clean tree must pass; each mistake must fail naming
 from __future__ import annotations
 
 import copy
+import json
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -283,3 +285,60 @@ def test_cli_exit_codes(tmp_path):
     assert "overlays/clusters/c1/infrastructure.yaml:1: Kustomization/flux-system/infra-configs: spec.path ./nowhere" in bad.stderr
     usage = runner.invoke(v.main, ["--crd-schemas", str(tmp_path / "missing"), str(tmp_path)])
     assert usage.exit_code == 2 and "not a directory" in usage.stderr
+
+
+def test_non_cluster_documents_go_to_their_own_schema(tmp_path):
+    schema = tmp_path / "thing.json"
+    schema.write_text(json.dumps({
+        "type": "object", "required": ["apiVersion", "kind", "size"], "additionalProperties": False,
+        "properties": {"apiVersion": {"type": "string"}, "kind": {"type": "string"},
+                       "metadata": {"type": "object"}, "size": {"type": "integer"}}}))
+    table = {**v.NON_CLUSTER_SCHEMAS, ("example.io/v1", "Thing"): str(schema)}
+    files = fixture_files()
+    files["provisioning/c1/thing.yaml"] = {"apiVersion": "example.io/v1", "kind": "Thing",
+                                           "metadata": {"name": "t"}, "size": 3}
+    write_tree(tmp_path / "repo", files)
+    assert v.validate(tmp_path / "repo", crd_dir=CRD_DIR, non_cluster=table).problems == []
+    # Without the table entry the same document is an unknown kind for the cluster.
+    found = [str(p) for p in v.validate(tmp_path / "repo", crd_dir=CRD_DIR).problems]
+    only(found, "provisioning/c1/thing.yaml:1: Thing/t:", "could not find schema for Thing")
+    (tmp_path / "repo/provisioning/c1/thing.yaml").write_text(
+        "apiVersion: example.io/v1\nkind: Thing\nmetadata: {name: t}\nsize: big\n")
+    found = [str(p) for p in v.validate(tmp_path / "repo", crd_dir=CRD_DIR, non_cluster=table).problems]
+    only(found, "provisioning/c1/thing.yaml:1: Thing/t:", "/size", "want integer")
+
+
+def test_unused_component_is_built_through_an_empty_parent(tmp_path):
+    files = fixture_files()
+    files["base/components/extra/kustomization.yaml"] = {
+        "apiVersion": "kustomize.config.k8s.io/v1alpha1", "kind": "Component", "resources": ["cm.yaml"]}
+    files["base/components/extra/cm.yaml"] = {"apiVersion": "v1", "kind": "ConfigMap",
+                                              "metadata": {"name": "extra"}, "data": {"a": "b"}, "bogus": 1}
+    write_tree(tmp_path, files)
+    found = problems(tmp_path)
+    only(found, "base/components/extra/cm.yaml", "ConfigMap/extra", "'bogus' not allowed")
+
+
+def test_sops_encrypted_secret_passes_and_plaintext_secret_fails(tmp_path):
+    files = fixture_files()
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf-token", "namespace": "fsdp"},
+              "type": "Opaque", "stringData": {"token": "ENC[AES256_GCM,data:abc,iv:x,tag:y,type:str]"},
+              "sops": {"age": [{"recipient": "age1xyz", "enc": "x"}], "version": "3.11.0"}}
+    files["overlays/infrastructure/c1/configs/secret.yaml"] = secret
+    files["overlays/infrastructure/c1/configs/kustomization.yaml"]["resources"].append("secret.yaml")
+    write_tree(tmp_path, files)
+    assert problems(tmp_path) == []
+    del secret["sops"]
+    write_tree(tmp_path, files)
+    only(problems(tmp_path), "overlays/infrastructure/c1/configs/kustomization.yaml", "Secret/fsdp/hf-token",
+         "unencrypted")
+
+
+def test_script_runs_from_a_checkout(tmp_path):
+    # `python generators/validate.py` (as tools/test.sh and CI call it), not only the importable core.
+    write_tree(tmp_path, fixture_files())
+    proc = subprocess.run([sys.executable, str(v.REPO_ROOT / "generators" / "validate.py"),
+                           "--crd-schemas", str(CRD_DIR), str(tmp_path / "overlays")],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("validated ") and proc.stdout.strip().endswith(": OK")

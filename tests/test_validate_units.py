@@ -1,0 +1,149 @@
+"""Unit tests of the validation pipeline's pieces: YAML loading, schema preparation, the checks."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from generators import validate as v
+
+
+def test_duplicate_key_is_a_yaml_error_with_its_line():
+    with pytest.raises(yaml.YAMLError) as err:
+        v.load_documents("a: 1\nb:\n  c: 2\n  c: 3\n", "x.yaml")
+    problem = v.yaml_error("x.yaml", err.value)
+    assert problem.line == 4
+    assert "duplicate key 'c' (first at line 3)" in str(problem)
+
+
+def test_documents_keep_their_first_line_and_skip_empty_ones():
+    docs = v.load_documents("---\na: 1\n---\n---\nb: 2\n", "x.yaml")
+    assert [(d.data, d.line) for d in docs] == [({"a": 1}, 2), ({"b": 2}, 5)]
+
+
+def test_syntax_error_names_file_and_line():
+    with pytest.raises(yaml.YAMLError) as err:
+        v.load_documents("a: 1\nb: c: d\n", "x.yaml")
+    assert str(v.yaml_error("x.yaml", err.value)).startswith("x.yaml:2: YAML:")
+
+
+def test_find_cycles_reports_each_cycle_once_from_its_smallest_node():
+    edges = {"c": ["a"], "a": ["b"], "b": ["c"], "d": ["d"], "e": ["a"]}
+    assert v.find_cycles(edges) == [["a", "b", "c"], ["d"]]
+    assert v.find_cycles({"a": ["b"], "b": []}) == []
+
+
+@pytest.mark.parametrize("image, fine", [
+    ("ghcr.io/org/trainer:0.3.1", True),
+    ("registry:5000/org/trainer:1.0", True),
+    ("nvcr.io/nvidia/k8s/dcgm-exporter@sha256:" + "a" * 64, True),
+    ("ghcr.io/org/trainer:latest", False),
+    ("ghcr.io/org/trainer", False),
+    ("registry:5000/org/trainer", False),
+    ("", False),
+])
+def test_image_pins(image, fine):
+    assert (v.image_problem(image) == "") is fine
+
+
+@pytest.mark.parametrize("container, what", [
+    ({"args": ["--hf_token", "hf_" + "x" * 30]}, "Hugging Face token"),
+    ({"command": ["sh", "-c", "AWS_ACCESS_KEY_ID=AKIAABCDEFGHIJKLMNOP aws s3 ls"]}, "AWS access key id"),
+    ({"args": ["--token=abc123"]}, "literal --token value"),
+    ({"command": ["bash", "-c", "HF_TOKEN=abc123 torchrun x"]}, "literal secret assignment"),
+    ({"env": [{"name": "WANDB_API_TOKEN", "value": "abc"}]}, "env WANDB_API_TOKEN holds a literal value"),
+    ({"env": [{"name": "DB_PASSWORD", "value": "abc"}]}, "env DB_PASSWORD holds a literal value"),
+])
+def test_inline_secrets_are_found(container, what):
+    found = v.secret_problems(container)
+    assert any(what in p for p in found), found
+
+
+@pytest.mark.parametrize("container", [
+    {"env": [{"name": "HF_TOKEN_FILE", "value": "/var/run/secrets/hf/token"}]},
+    {"env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}]},
+    {"args": ["--token", "$(HF_TOKEN)"]},
+    {"command": ["bash", "-c", 'HF_TOKEN="$(cat $HF_TOKEN_FILE)" torchrun x']},
+    {"args": ["--token-file", "/secrets/token"]},
+])
+def test_secret_references_are_fine(container):
+    assert v.secret_problems(container) == []
+
+
+def test_core_schemas_are_prepared_once_in_kubeconform_layout(tmp_path):
+    out = v.prepare_core_schemas(v.K8S_VERSION, tmp_path)
+    assert out == tmp_path / f"v{v.K8S_VERSION}"
+    deployment = json.loads((out / "deployment-apps-v1.json").read_text())
+    assert "$id" not in deployment
+    assert deployment["properties"]["spec"]["$ref"].startswith("_definitions.json#/$defs/")
+    assert (out / "configmap-v1.json").is_file()  # core group: -v1
+    assert (out / "clusterrole-rbac-v1.json").is_file()  # rbac.authorization.k8s.io: first label
+    stamp = (out / "_definitions.json").stat().st_mtime_ns
+    assert v.prepare_core_schemas(v.K8S_VERSION, tmp_path) == out
+    assert (out / "_definitions.json").stat().st_mtime_ns == stamp
+    assert [p.name for p in tmp_path.iterdir()] == [out.name]  # no temporary folder left behind
+
+
+def test_unknown_kubernetes_version_is_a_usage_error(tmp_path):
+    with pytest.raises(v.UsageError, match="kubernetes-validate has no schemas"):
+        v.prepare_core_schemas("1.2.0", tmp_path)
+
+
+def _job(**container):
+    c = {"name": "pytorch", "image": "x/trainer:1", "command": ["torchrun", "--nproc_per_node=8", "--rdzv_id=r1"],
+         "resources": {"limits": {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 32}}}
+    c.update(container)
+    return v.Doc({"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "j", "namespace": "fsdp"},
+                  "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 2, "template": {"spec": {
+                      "nodeSelector": {"node.kubernetes.io/instance-type": "p5.48xlarge"},
+                      "containers": [c]}}}}}}, "run/kustomization.yaml")
+
+
+def _job_problems(doc):
+    return [p.message for p in v.check_pytorchjob(doc, {}, v.INSTANCE_TYPES)[0]]
+
+
+def test_a_job_that_fits_its_instance_passes():
+    assert _job_problems(_job()) == []
+    facts = v.check_pytorchjob(_job(), {}, v.INSTANCE_TYPES)[1]
+    assert facts.rdzv_ids == ("r1",)
+
+
+def test_efa_must_match_the_instance():
+    msgs = _job_problems(_job(resources={"limits": {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 4}}))
+    assert msgs == ["Worker: requests 4 EFA interfaces (vpc.amazonaws.com/efa) but 8 GPUs of p5.48xlarge come "
+                    "with 32; request 32"]
+
+
+def test_nproc_per_node_must_equal_the_gpus():
+    msgs = _job_problems(_job(command=["bash", "-c", "torchrun --nproc-per-node 4 --rdzv-id r1 -m trainer.train"]))
+    assert msgs == ["Worker: torchrun --nproc_per_node is 4 but the container has 8 GPUs (nvidia.com/gpu); "
+                    "make them equal"]
+
+
+def test_nproc_from_an_env_reference_is_resolved():
+    ok = _job(command=["torchrun", "--nproc_per_node=$(GPUS)"], env=[{"name": "GPUS", "value": "8"}])
+    bad = _job(command=["torchrun", "--nproc_per_node=$(GPUS)"], env=[{"name": "GPUS", "value": "2"}])
+    assert _job_problems(ok) == []
+    assert "torchrun --nproc_per_node is 2" in _job_problems(bad)[0]
+
+
+def test_privileged_training_pod_fails():
+    assert "is privileged" in _job_problems(_job(securityContext={"privileged": True}))[0]
+
+
+def test_unknown_instance_type_fails():
+    doc = _job()
+    doc.data["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["nodeSelector"] = {
+        "node.kubernetes.io/instance-type": "p9.48xlarge"}
+    assert _job_problems(doc) == ["Worker: instance type p9.48xlarge is not in the catalog (generators/catalog.py)"]
+
+
+def test_unencrypted_secret_fails_and_sops_secret_passes():
+    plain = v.Doc({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf-token"},
+                   "stringData": {"token": "x"}}, "s.yaml", 1)
+    sealed = v.Doc({**plain.data, "stringData": {"token": "ENC[AES256_GCM,data:xx]"}, "sops": {"version": "3"}},
+                   "s.yaml", 1)
+    assert ["Secret holds unencrypted data" in p.message for p in v.check_objects([plain])] == [True]
+    assert v.check_objects([sealed]) == []
