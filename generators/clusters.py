@@ -1,15 +1,247 @@
-"""Per-cluster Flux entry and infrastructure overlays.
+"""Per-cluster Flux entry point and infrastructure overlays (pure: Cluster + Plans -> manifests).
 
-Placeholder: `render_cluster` returns nothing yet; the real renderer builds overlays/clusters/<cluster>/
-and overlays/infrastructure/<cluster>/ from the cluster and its runs.
+For a cluster `<c>` of the matrix, paths relative to the output directory (overlays/):
+
+    clusters/<c>/sources.yaml          GitRepository fsdp-gitops: this repository, the matrix's url/branch
+    clusters/<c>/infrastructure.yaml   Kustomizations infra-controllers -> infra-configs -> secrets
+    clusters/<c>/experiments.yaml      one Kustomization run-<run> per run (absent when <c> has no runs)
+    infrastructure/<c>/controllers/    base/infrastructure/controllers + GPU instance-type patches
+    infrastructure/<c>/configs/        base/infrastructure/configs + run Namespace + PVC fsdp-shared
+                                       (+ patches that size the optional Kueue queues to the cluster)
+
+`flux bootstrap ... --path=overlays/clusters/<c>` makes Flux apply clusters/<c>/; the objects there
+pull in the rest, in this order (each `dependsOn` waits for the Ready condition of the one before):
+
+    infra-controllers   etcd, Training Operator (its own Flux Kustomization), kube-prometheus-stack,
+                        dcgm-exporter, node tools. wait: true, so Ready means CRDs are established,
+                        HelmReleases installed and Deployments/DaemonSets rolled out.
+    infra-configs       monitors, rules, dashboard, the run namespace, the shared PVC. wait: false:
+                        none of these has a rollout to wait for, and a PVC whose StorageClass binds
+                        on first use stays Pending until a run mounts it, so waiting would deadlock.
+    secrets             base/secrets/<c> (SOPS-encrypted Secret hf-token), decrypted by
+                        kustomize-controller with the age key in Secret flux-system/sops-age.
+    run-<run>           one per run, after infra-configs; wait: false because a PyTorchJob has no
+                        status Flux can read as "ready" before it finishes, and a job runs for hours:
+                        Ready means "applied", the Training Operator reports progress. One
+                        Kustomization per run keeps a failed or invalid run from blocking the others.
+
+Every Kustomization has prune: true, so removing a run from the matrix (and regenerating) deletes
+its Kustomization and, through it, its PyTorchJob and ConfigMap. The namespace and the PVC carry
+`kustomize.toolkit.fluxcd.io/prune: disabled`: checkpoints outlive any change to the tree.
+
+GPU-node contract (base/node-tools, base/monitoring/controllers/dcgm-exporter.yaml): each GPU
+workload has one nodeSelectorTerm whose first matchExpression is the instance-type list; the
+controllers overlay tests that key and replaces the values with the cluster's GPU instance types.
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Sequence
 
+from generators.catalog import INSTANCE_TYPES
 from generators.model import Cluster, Plan, Repository
+
+FLUX_NAMESPACE = "flux-system"
+# The GitRepository every Kustomization of a cluster reads from.
+SOURCE_NAME = "fsdp-gitops"
+KUSTOMIZE_API = "kustomize.config.k8s.io/v1beta1"
+FLUX_KUSTOMIZATION_API = "kustomize.toolkit.fluxcd.io/v1"
+GIT_REPOSITORY_API = "source.toolkit.fluxcd.io/v1"
+# Secret (in flux-system) holding the age private key kustomize-controller decrypts SOPS files with.
+SOPS_AGE_SECRET = "sops-age"
+# Secret flux bootstrap creates with the repository's deploy key; used for ssh:// URLs.
+BOOTSTRAP_GIT_SECRET = "flux-system"
+# The shared ReadWriteMany volume every run mounts at /shared (checkpoints, Hugging Face cache).
+SHARED_PVC = "fsdp-shared"
+# StorageClass of the shared volume: FSx for Lustre through the aws-fsx-csi-driver, created with
+# the cluster (it needs the cluster's subnet and security group, see docs/deploy.md).
+SHARED_STORAGE_CLASS = "fsx-sc"
+# Optional Kueue component (base/components/kueue/queues): names the configs overlay patches.
+KUEUE_QUEUE = "fsdp"
+
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+_AFFINITY = "/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms/0/matchExpressions/0"
+# Every GPU-node workload of base/infrastructure/controllers: (patch target, JSON pointer of the
+# matchExpression that holds the instance types). tests/test_infra_clusters.py checks that this
+# covers every workload of the base that carries the contract.
+GPU_WORKLOADS: tuple[tuple[dict[str, str], str], ...] = (
+    ({"group": "apps", "version": "v1", "kind": "DaemonSet", "namespace": "node-tools", "name": "htop"},
+     "/spec/template/spec" + _AFFINITY),
+    ({"group": "apps", "version": "v1", "kind": "DaemonSet", "namespace": "node-tools", "name": "nvtop"},
+     "/spec/template/spec" + _AFFINITY),
+    ({"group": "helm.toolkit.fluxcd.io", "version": "v2", "kind": "HelmRelease", "namespace": "monitoring",
+      "name": "dcgm-exporter"},
+     "/spec/values" + _AFFINITY),
+)
 
 
 def render_cluster(cluster: Cluster, plans: Sequence[Plan], repository: Repository) -> dict[str, Any]:
     """{path relative to the output directory: manifest dict or list of manifest dicts}; no I/O."""
-    return {}
+    c = cluster.name
+    runs = sorted((p for p in plans if p.cluster == c), key=lambda p: p.name)
+    out: dict[str, Any] = {
+        f"clusters/{c}/sources.yaml": git_repository(repository),
+        f"clusters/{c}/infrastructure.yaml": infrastructure_kustomizations(c),
+        f"infrastructure/{c}/controllers/kustomization.yaml": controllers_kustomization(cluster),
+        f"infrastructure/{c}/configs/kustomization.yaml": configs_kustomization(cluster),
+        f"infrastructure/{c}/configs/namespace.yaml": run_namespace(cluster),
+        f"infrastructure/{c}/configs/pvc.yaml": shared_pvc(cluster),
+    }
+    if runs:
+        out[f"clusters/{c}/experiments.yaml"] = [run_kustomization(p) for p in runs]
+    return out
+
+
+def git_repository(repository: Repository) -> dict[str, Any]:
+    """This repository as a Flux source; only base/ and overlays/ reach the cluster."""
+    spec: dict[str, Any] = {
+        "interval": "1m",
+        "url": repository.url,
+        "ref": {"branch": repository.branch},
+        # Everything Flux builds lives in base/ and overlays/; the trainer, docker/ and tests stay out
+        # of the artifact kustomize-controller downloads on every change.
+        "ignore": "/*\n!/base/\n!/overlays/\n",
+    }
+    if repository.url.startswith("ssh://"):
+        # A private repository over SSH: reuse the deploy key `flux bootstrap` installed.
+        spec["secretRef"] = {"name": BOOTSTRAP_GIT_SECRET}
+    return {
+        "apiVersion": GIT_REPOSITORY_API,
+        "kind": "GitRepository",
+        "metadata": {"name": SOURCE_NAME, "namespace": FLUX_NAMESPACE},
+        "spec": spec,
+    }
+
+
+def flux_kustomization(name: str, path: str, *, depends_on: Sequence[str], wait: bool, interval: str,
+                       timeout: str, decrypt: bool = False) -> dict[str, Any]:
+    """A Flux Kustomization over `path` (relative to the repository root) of this repository."""
+    spec: dict[str, Any] = {
+        "interval": interval,
+        "retryInterval": "2m",
+        "timeout": timeout,
+        "sourceRef": {"kind": "GitRepository", "name": SOURCE_NAME},
+        "path": path,
+        "prune": True,
+        "wait": wait,
+    }
+    if depends_on:
+        spec["dependsOn"] = [{"name": d} for d in depends_on]
+    if decrypt:
+        spec["decryption"] = {"provider": "sops", "secretRef": {"name": SOPS_AGE_SECRET}}
+    return {
+        "apiVersion": FLUX_KUSTOMIZATION_API,
+        "kind": "Kustomization",
+        "metadata": {"name": name, "namespace": FLUX_NAMESPACE},
+        "spec": spec,
+    }
+
+
+def infrastructure_kustomizations(c: str) -> list[dict[str, Any]]:
+    """infra-controllers -> infra-configs -> secrets (see the module docstring for wait/timeouts)."""
+    return [
+        # kube-prometheus-stack's first install takes several minutes; the timeout covers it.
+        flux_kustomization("infra-controllers", f"./overlays/infrastructure/{c}/controllers", depends_on=(),
+                           wait=True, interval="1h", timeout="20m"),
+        flux_kustomization("infra-configs", f"./overlays/infrastructure/{c}/configs",
+                           depends_on=("infra-controllers",), wait=False, interval="1h", timeout="5m"),
+        # After infra-configs: the Secret goes into the run namespace that infra-configs creates.
+        flux_kustomization("secrets", f"./base/secrets/{c}", depends_on=("infra-configs",), wait=False,
+                           interval="1h", timeout="2m", decrypt=True),
+    ]
+
+
+def run_kustomization(plan: Plan) -> dict[str, Any]:
+    """Kustomization run-<run> over the run's overlay (the overlay sets its own namespace)."""
+    return flux_kustomization(f"run-{plan.name}", f"./overlays/{plan.overlay_dir}", depends_on=("infra-configs",),
+                              wait=False, interval="10m", timeout="5m")
+
+
+def gpu_instance_types(cluster: Cluster) -> list[str]:
+    """The cluster's GPU instance types, in matrix order."""
+    return list(cluster.instance_types)
+
+
+def controllers_kustomization(cluster: Cluster) -> dict[str, Any]:
+    """base/infrastructure/controllers with every GPU workload pinned to the cluster's instance types."""
+    types = gpu_instance_types(cluster)
+    patches = []
+    for target, pointer in GPU_WORKLOADS:
+        ops = [
+            # Fails the build if the base ever moves the instance-type expression (the contract).
+            {"op": "test", "path": f"{pointer}/key", "value": INSTANCE_TYPE_LABEL},
+            {"op": "replace", "path": f"{pointer}/values", "value": types},
+        ]
+        patches.append({"target": dict(target), "patch": json.dumps(ops)})
+    return {
+        "apiVersion": KUSTOMIZE_API,
+        "kind": "Kustomization",
+        "resources": ["../../../../base/infrastructure/controllers"],
+        "patches": patches,
+    }
+
+
+def kueue_quota(cluster: Cluster) -> tuple[int, int]:
+    """(GPUs, EFA interfaces) of the cluster at its largest: max_nodes of each GPU instance type."""
+    gpus = sum(cluster.max_nodes * INSTANCE_TYPES[t].num_gpus for t in cluster.instance_types)
+    efa = sum(cluster.max_nodes * INSTANCE_TYPES[t].num_efa for t in cluster.instance_types)
+    return gpus, efa
+
+
+def configs_kustomization(cluster: Cluster) -> dict[str, Any]:
+    """base/infrastructure/configs + the run namespace and the shared volume.
+
+    The two patches size the optional Kueue queues (base/components/kueue/queues) to this cluster;
+    while that component is not enabled they match nothing and change nothing.
+    """
+    gpus, efa = kueue_quota(cluster)
+    resources = "/spec/resourceGroups/0/flavors/0/resources"
+    quota_ops = [
+        {"op": "test", "path": f"{resources}/0/name", "value": "nvidia.com/gpu"},
+        {"op": "replace", "path": f"{resources}/0/nominalQuota", "value": gpus},
+        {"op": "test", "path": f"{resources}/1/name", "value": "vpc.amazonaws.com/efa"},
+        {"op": "replace", "path": f"{resources}/1/nominalQuota", "value": efa},
+    ]
+    queue_ops = [{"op": "replace", "path": "/metadata/namespace", "value": cluster.namespace}]
+    return {
+        "apiVersion": KUSTOMIZE_API,
+        "kind": "Kustomization",
+        "resources": ["../../../../base/infrastructure/configs", "namespace.yaml", "pvc.yaml"],
+        "patches": [
+            {"target": {"group": "kueue.x-k8s.io", "kind": "ClusterQueue", "name": KUEUE_QUEUE},
+             "patch": json.dumps(quota_ops)},
+            {"target": {"group": "kueue.x-k8s.io", "kind": "LocalQueue", "name": KUEUE_QUEUE},
+             "patch": json.dumps(queue_ops)},
+        ],
+    }
+
+
+_KEEP = {"kustomize.toolkit.fluxcd.io/prune": "disabled"}
+
+
+def run_namespace(cluster: Cluster) -> dict[str, Any]:
+    """The namespace the cluster's PyTorchJobs run in; kept by Flux when it leaves the tree."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {
+            "name": cluster.namespace,
+            "annotations": dict(_KEEP),
+            # Training pods need no host access: admission rejects privileged pods here.
+            "labels": {"pod-security.kubernetes.io/enforce": "baseline"},
+        },
+    }
+
+
+def shared_pvc(cluster: Cluster) -> dict[str, Any]:
+    """PVC fsdp-shared: checkpoints and the model cache, mounted by every pod of every run."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": SHARED_PVC, "namespace": cluster.namespace, "annotations": dict(_KEEP)},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": SHARED_STORAGE_CLASS,
+            "resources": {"requests": {"storage": f"{cluster.shared_storage_gib}Gi"}},
+        },
+    }
