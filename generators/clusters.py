@@ -35,11 +35,11 @@ controllers overlay tests that key and replaces the values with the cluster's GP
 """
 from __future__ import annotations
 
-import json
 from typing import Any, Sequence
 
 from generators.catalog import INSTANCE_TYPES
 from generators.model import Cluster, Plan, Repository
+from generators.writer import JsonPatch
 
 FLUX_NAMESPACE = "flux-system"
 # The GitRepository every Kustomization of a cluster reads from.
@@ -62,16 +62,16 @@ KUEUE_QUEUE = "fsdp"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 _AFFINITY = "/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms/0/matchExpressions/0"
 # Every GPU-node workload of base/infrastructure/controllers: (patch target, JSON pointer of the
-# matchExpression that holds the instance types). tests/test_infra_clusters.py checks that this
-# covers every workload of the base that carries the contract.
-GPU_WORKLOADS: tuple[tuple[dict[str, str], str], ...] = (
+# matchExpression that holds the instance types, patch file). tests/test_infra_clusters.py checks
+# that this covers every workload of the base that carries the contract.
+GPU_WORKLOADS: tuple[tuple[dict[str, str], str, str], ...] = (
     ({"group": "apps", "version": "v1", "kind": "DaemonSet", "namespace": "node-tools", "name": "htop"},
-     "/spec/template/spec" + _AFFINITY),
+     "/spec/template/spec" + _AFFINITY, "daemonset.gpu-nodes.yaml"),
     ({"group": "apps", "version": "v1", "kind": "DaemonSet", "namespace": "node-tools", "name": "nvtop"},
-     "/spec/template/spec" + _AFFINITY),
+     "/spec/template/spec" + _AFFINITY, "daemonset.gpu-nodes.yaml"),
     ({"group": "helm.toolkit.fluxcd.io", "version": "v2", "kind": "HelmRelease", "namespace": "monitoring",
       "name": "dcgm-exporter"},
-     "/spec/values" + _AFFINITY),
+     "/spec/values" + _AFFINITY, "helmrelease.gpu-nodes.yaml"),
 )
 
 
@@ -82,11 +82,16 @@ def render_cluster(cluster: Cluster, plans: Sequence[Plan], repository: Reposito
     out: dict[str, Any] = {
         f"clusters/{c}/sources.yaml": git_repository(repository),
         f"clusters/{c}/infrastructure.yaml": infrastructure_kustomizations(c),
-        f"infrastructure/{c}/controllers/kustomization.yaml": controllers_kustomization(cluster),
-        f"infrastructure/{c}/configs/kustomization.yaml": configs_kustomization(cluster),
+        f"infrastructure/{c}/controllers/kustomization.yaml": controllers_kustomization(),
+        f"infrastructure/{c}/configs/kustomization.yaml": configs_kustomization(),
         f"infrastructure/{c}/configs/namespace.yaml": run_namespace(cluster),
         f"infrastructure/{c}/configs/pvc.yaml": shared_pvc(cluster),
+        f"infrastructure/{c}/configs/clusterqueue.quota.yaml": kueue_quota_patch(cluster),
+        f"infrastructure/{c}/configs/localqueue.namespace.yaml": kueue_namespace_patch(cluster),
     }
+    for _, pointer, patch_file in GPU_WORKLOADS:
+        # The two DaemonSets share one pointer, hence one file.
+        out[f"infrastructure/{c}/controllers/{patch_file}"] = instance_type_patch(cluster, pointer)
     if runs:
         out[f"clusters/{c}/experiments.yaml"] = [run_kustomization(p) for p in runs]
     return out
@@ -157,28 +162,23 @@ def run_kustomization(plan: Plan) -> dict[str, Any]:
                               wait=False, interval="10m", timeout="5m")
 
 
-def gpu_instance_types(cluster: Cluster) -> list[str]:
-    """The cluster's GPU instance types, in matrix order."""
-    return list(cluster.instance_types)
-
-
-def controllers_kustomization(cluster: Cluster) -> dict[str, Any]:
-    """base/infrastructure/controllers with every GPU workload pinned to the cluster's instance types."""
-    types = gpu_instance_types(cluster)
-    patches = []
-    for target, pointer in GPU_WORKLOADS:
-        ops = [
-            # Fails the build if the base ever moves the instance-type expression (the contract).
-            {"op": "test", "path": f"{pointer}/key", "value": INSTANCE_TYPE_LABEL},
-            {"op": "replace", "path": f"{pointer}/values", "value": types},
-        ]
-        patches.append({"target": dict(target), "patch": json.dumps(ops)})
+def controllers_kustomization() -> dict[str, Any]:
+    """base/infrastructure/controllers with every GPU workload pinned by the patch files beside it."""
     return {
         "apiVersion": KUSTOMIZE_API,
         "kind": "Kustomization",
         "resources": ["../../../../base/infrastructure/controllers"],
-        "patches": patches,
+        "patches": [{"path": patch_file, "target": dict(target)} for target, _, patch_file in GPU_WORKLOADS],
     }
+
+
+def instance_type_patch(cluster: Cluster, pointer: str) -> JsonPatch:
+    """Replace the instance-type list at `pointer` with the cluster's GPU instance types (matrix order)."""
+    return JsonPatch(ops=(
+        # Fails the build if the base ever moves the instance-type expression (the contract).
+        {"op": "test", "path": f"{pointer}/key", "value": INSTANCE_TYPE_LABEL},
+        {"op": "replace", "path": f"{pointer}/values", "value": list(cluster.instance_types)},
+    ))
 
 
 def kueue_quota(cluster: Cluster) -> tuple[int, int]:
@@ -188,32 +188,38 @@ def kueue_quota(cluster: Cluster) -> tuple[int, int]:
     return gpus, efa
 
 
-def configs_kustomization(cluster: Cluster) -> dict[str, Any]:
+def configs_kustomization() -> dict[str, Any]:
     """base/infrastructure/configs + the run namespace and the shared volume.
 
     The two patches size the optional Kueue queues (base/components/kueue/queues) to this cluster;
     while that component is not enabled they match nothing and change nothing.
     """
-    gpus, efa = kueue_quota(cluster)
-    resources = "/spec/resourceGroups/0/flavors/0/resources"
-    quota_ops = [
-        {"op": "test", "path": f"{resources}/0/name", "value": "nvidia.com/gpu"},
-        {"op": "replace", "path": f"{resources}/0/nominalQuota", "value": gpus},
-        {"op": "test", "path": f"{resources}/1/name", "value": "vpc.amazonaws.com/efa"},
-        {"op": "replace", "path": f"{resources}/1/nominalQuota", "value": efa},
-    ]
-    queue_ops = [{"op": "replace", "path": "/metadata/namespace", "value": cluster.namespace}]
     return {
         "apiVersion": KUSTOMIZE_API,
         "kind": "Kustomization",
         "resources": ["../../../../base/infrastructure/configs", "namespace.yaml", "pvc.yaml"],
         "patches": [
-            {"target": {"group": "kueue.x-k8s.io", "kind": "ClusterQueue", "name": KUEUE_QUEUE},
-             "patch": json.dumps(quota_ops)},
-            {"target": {"group": "kueue.x-k8s.io", "kind": "LocalQueue", "name": KUEUE_QUEUE},
-             "patch": json.dumps(queue_ops)},
+            {"path": "clusterqueue.quota.yaml",
+             "target": {"group": "kueue.x-k8s.io", "kind": "ClusterQueue", "name": KUEUE_QUEUE}},
+            {"path": "localqueue.namespace.yaml",
+             "target": {"group": "kueue.x-k8s.io", "kind": "LocalQueue", "name": KUEUE_QUEUE}},
         ],
     }
+
+
+def kueue_quota_patch(cluster: Cluster) -> JsonPatch:
+    gpus, efa = kueue_quota(cluster)
+    resources = "/spec/resourceGroups/0/flavors/0/resources"
+    return JsonPatch(ops=(
+        {"op": "test", "path": f"{resources}/0/name", "value": "nvidia.com/gpu"},
+        {"op": "replace", "path": f"{resources}/0/nominalQuota", "value": gpus},
+        {"op": "test", "path": f"{resources}/1/name", "value": "vpc.amazonaws.com/efa"},
+        {"op": "replace", "path": f"{resources}/1/nominalQuota", "value": efa},
+    ))
+
+
+def kueue_namespace_patch(cluster: Cluster) -> JsonPatch:
+    return JsonPatch(ops=({"op": "replace", "path": "/metadata/namespace", "value": cluster.namespace},))
 
 
 _KEEP = {"kustomize.toolkit.fluxcd.io/prune": "disabled"}
