@@ -32,14 +32,14 @@ import concurrent.futures
 import json
 import os
 import re
-import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import click
 import yaml
@@ -47,7 +47,10 @@ import yaml
 if __package__ in (None, ""):  # run as `python generators/validate.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from generators.catalog import INSTANCE_TYPES, InstanceType, efa_for  # noqa: E402
+from generators.manifests import (  # noqa: E402
+    FLUX_KUSTOMIZATION, FLUX_SOURCE_GROUP, HELM_RELEASE, Doc, Problem, SafeLoader, gvk, is_manifest, load_documents,
+    meta, norm, obj_name, under, yaml_error)
+from generators.semantics import check_semantics  # noqa: E402
 from generators.tools import REPO_ROOT, ToolNotFoundError, tool  # noqa: E402
 
 # Kubernetes version the core schemas are prepared for (the EKS version the clusters run).
@@ -71,43 +74,17 @@ NON_CLUSTER_SCHEMAS: dict[tuple[str, str], str | None] = {
     # kustomize's own inputs: checked by building them.
     ("kustomize.config.k8s.io/v1beta1", "Kustomization"): None,
     ("kustomize.config.k8s.io/v1alpha1", "Component"): None,
+    # The experiment matrix: checked by `python generators/expand.py matrix.yaml --check`.
+    ("fsdp-gitops/v1", "ExperimentMatrix"): None,
+    # eksctl's input (overlays/provisioning/<cluster>/eksctl.yaml, written by generators/cluster.py):
+    # the schema eksctl publishes with its release.
+    ("eksctl.io/v1alpha5", "ClusterConfig"): "eksctl/clusterconfig_v1alpha5.json",
 }
 
-FLUX_KUSTOMIZATION = ("kustomize.toolkit.fluxcd.io", "Kustomization")
-HELM_RELEASE = ("helm.toolkit.fluxcd.io", "HelmRelease")
-FLUX_SOURCE_GROUP = "source.toolkit.fluxcd.io"
-PYTORCHJOB = ("kubeflow.org", "PyTorchJob")
-INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
-GPU_RESOURCE = "nvidia.com/gpu"
-EFA_RESOURCE = "vpc.amazonaws.com/efa"
 
 
 class UsageError(Exception):
     """Bad command-line input or a missing prerequisite; the CLI exits 2."""
-
-
-@dataclass(frozen=True, order=True)
-class Problem:
-    """One finding: `<file>[:<line>]: [<Kind>/<name>: ]<message>`."""
-
-    file: str
-    line: int
-    obj: str
-    message: str
-
-    def __str__(self) -> str:
-        where = f"{self.file}:{self.line}" if self.line else self.file
-        parts = [where, self.obj, self.message] if self.obj else [where, self.message]
-        return " ".join(": ".join(parts).split())
-
-
-@dataclass(frozen=True)
-class Doc:
-    """A YAML document and where it comes from (a file, or the kustomization that built it)."""
-
-    data: Any
-    file: str
-    line: int = 0
 
 
 @dataclass
@@ -128,105 +105,11 @@ class Report:
     num_builds: int = 0
     num_resources: int = 0
     num_flux_kustomizations: int = 0
+    num_pytorchjobs: int = 0
     seconds: float = 0.0
 
 
-# ---------------------------------------------------------------------------------------------- helpers
-
-def gvk(data: Any) -> tuple[str, str]:
-    """(group, kind) of a manifest; the core group is ""."""
-    if not isinstance(data, dict):
-        return "", ""
-    api = str(data.get("apiVersion") or "")
-    return (api.rsplit("/", 1)[0] if "/" in api else ""), str(data.get("kind") or "")
-
-
-def meta(data: Any, key: str) -> str:
-    m = data.get("metadata") if isinstance(data, dict) else None
-    return str(m.get(key) or "") if isinstance(m, dict) else ""
-
-
-def obj_name(data: Any) -> str:
-    """`Kind/name` (or `Kind/namespace/name`), as problems name objects."""
-    kind = str(data.get("kind") or "?") if isinstance(data, dict) else "?"
-    ns, name = meta(data, "namespace"), meta(data, "name") or "?"
-    return f"{kind}/{ns}/{name}" if ns else f"{kind}/{name}"
-
-
-def is_manifest(data: Any) -> bool:
-    return isinstance(data, dict) and ("apiVersion" in data or "kind" in data)
-
-
-def under(path: str, prefix: str) -> bool:
-    return prefix in ("", ".") or path == prefix or path.startswith(prefix.rstrip("/") + "/")
-
-
-def norm(path: str) -> str:
-    out = os.path.normpath(path).replace(os.sep, "/")
-    return "" if out == "." else out
-
-
-def is_remote(ref: str) -> bool:
-    return "://" in ref or ref.startswith(("github.com/", "git@")) or "?ref=" in ref
-
-
-def walk(value: Any) -> Iterator[Any]:
-    """Every dict and list inside value, value first."""
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, dict):
-            yield v
-            stack.extend(v.values())
-        elif isinstance(v, list):
-            yield v
-            stack.extend(v)
-
-
 # ------------------------------------------------------------------------------------------ 1. parsing
-
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-class _StrictLoader(_Loader):  # type: ignore[misc, valid-type]
-    """Safe loader that rejects duplicate keys (kustomize and the API server reject them too)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            try:
-                first = seen.get(key)
-            except TypeError:
-                continue  # unhashable key: the base constructor reports it
-            if first is not None:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (first at line {first}); keep one", key_node.start_mark)
-            seen[key] = key_node.start_mark.line + 1
-        return super().construct_mapping(node, deep=deep)
-
-
-def load_documents(text: str, file: str, loader: type = _StrictLoader) -> list[Doc]:
-    """The non-empty documents of a YAML text, each with its first line. Raises yaml.YAMLError."""
-    ld = loader(text)
-    try:
-        docs = []
-        while ld.check_node():
-            node = ld.get_node()
-            data = ld.construct_document(node)
-            if data is not None:
-                docs.append(Doc(data, file, node.start_mark.line + 1))
-        return docs
-    finally:
-        ld.dispose()
-
-
-def yaml_error(file: str, err: yaml.YAMLError) -> Problem:
-    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
-    line = mark.line + 1 if mark is not None else 0
-    what = " ".join(str(x) for x in (getattr(err, "context", None), getattr(err, "problem", None)) if x) or str(err)
-    return Problem(file, line, "", f"YAML: {what}")
-
 
 def repo_files(root: Path) -> list[str]:
     """Files git knows about under root: tracked (and present) or untracked and not ignored."""
@@ -261,6 +144,11 @@ def kustomization_refs(k: Mapping[str, Any]) -> tuple[list[str], list[str]]:
                 if isinstance(g.get("env"), str):
                     files.append(g["env"])
     return resources, components + files
+
+
+def is_remote(ref: str) -> bool:
+    """A kustomize reference to a remote repository (never used here: Flux sources pin upstream)."""
+    return "://" in ref or ref.startswith(("github.com/", "git@")) or "?ref=" in ref
 
 
 class Repo:
@@ -337,7 +225,7 @@ class Repo:
             return b
         b.text = proc.stdout
         try:
-            b.docs = [Doc(x.data, b.file) for x in load_documents(proc.stdout, b.file, _Loader)]
+            b.docs = [Doc(x.data, b.file) for x in load_documents(proc.stdout, b.file, SafeLoader)]
         except yaml.YAMLError as e:
             b.error = f"kustomize printed unparsable YAML: {e}"
         return b
@@ -419,10 +307,14 @@ def prepare_core_schemas(version: str, cache: Path = SCHEMA_CACHE) -> Path:
 
     kubernetes-validate's strict schemas carry an `$id` under https://kubernetes.io/ and point into
     `/api/_definitions.json`; kubeconform resolves references against the file itself, so the copies
-    drop `$id` and reference the sibling _definitions.json.
+    drop `$id` and reference the sibling _definitions.json. A stamp names the package version they
+    came from, so upgrading the pin prepares them again.
     """
+    from importlib.metadata import version as package_version
+
+    stamp = f"kubernetes-validate {package_version('kubernetes-validate')}\n"
     dst = cache / f"v{version}"
-    if (dst / "_definitions.json").is_file():
+    if (dst / "SOURCE").is_file() and (dst / "SOURCE").read_text() == stamp:
         return dst
     src = kubernetes_validate_dir(version)
     cache.mkdir(parents=True, exist_ok=True)
@@ -434,12 +326,15 @@ def prepare_core_schemas(version: str, cache: Path = SCHEMA_CACHE) -> Path:
         schema.pop("$id", None)
         text = json.dumps(schema, separators=(",", ":")).replace('"/api/_definitions.json#', '"_definitions.json#')
         (tmp / f.name).write_text(text)
+    (tmp / "SOURCE").write_text(stamp)
+    if dst.exists():  # prepared from another package version
+        old = Path(tempfile.mkdtemp(prefix=f".old-v{version}-", dir=cache))
+        dst.rename(old / "schemas")
+        shutil.rmtree(old)
     try:
-        tmp.rename(dst)  # atomic: a concurrent validation either sees all files or prepares its own
-    except OSError:
-        for f in tmp.iterdir():
-            f.unlink()
-        tmp.rmdir()
+        tmp.rename(dst)  # atomic: a concurrent validation sees all files or none
+    except OSError:  # another validation prepared them first
+        shutil.rmtree(tmp)
     return dst
 
 
@@ -719,263 +614,6 @@ def find_cycles(edges: Mapping[Any, Sequence[Any]]) -> list[list[Any]]:
     return cycles
 
 
-# --------------------------------------------------------------------------------------- 5. semantics
-
-SECRET_PATTERNS = (
-    (re.compile(r"hf_[A-Za-z0-9]{20,}"), "a Hugging Face token"),
-    (re.compile(r"(?<![A-Z0-9])(AKIA|ASIA)[A-Z0-9]{16}(?![A-Z0-9])"), "an AWS access key id"),
-    (re.compile(r"--(?:hf[-_])?token[= ]+(?![\"']?\$)[\"']?[^\s\"'$]+"), "a literal --token value"),
-    (re.compile(r"\b[A-Z0-9_]*(?:TOKEN|SECRET|PASSWORD)=(?![\"']?\$)[\"']?[^\s\"'$;]+"), "a literal secret assignment"),
-)
-SECRET_ENV_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|ACCESS_KEY", re.I)
-# Env vars that name where a secret is, not the secret itself.
-REFERENCE_ENV_SUFFIXES = ("_FILE", "_PATH", "_DIR", "_NAME", "_REF")
-
-
-def pod_specs(data: Any) -> Iterator[dict]:
-    """Every pod spec inside a manifest: anything with a list of containers."""
-    for v in walk(data):
-        if isinstance(v, dict) and isinstance(v.get("containers"), list):
-            yield v
-
-
-def containers(pod: Mapping[str, Any]) -> Iterator[dict]:
-    for key in ("initContainers", "containers", "ephemeralContainers"):
-        for c in pod.get(key) or []:
-            if isinstance(c, dict):
-                yield c
-
-
-def image_problem(image: Any) -> str:
-    if not isinstance(image, str) or not image:
-        return "has no image"
-    if "@" in image:
-        return ""
-    last = image.rsplit("/", 1)[-1]
-    if ":" not in last:
-        return f"image {image} has no tag; pin it by tag or digest"
-    if last.rsplit(":", 1)[1] == "latest":
-        return f"image {image} uses the moving tag latest; pin it by tag or digest"
-    return ""
-
-
-def secret_problems(c: Mapping[str, Any]) -> list[str]:
-    out = []
-    texts = [("command", x) for x in c.get("command") or []] + [("args", x) for x in c.get("args") or []]
-    for e in c.get("env") or []:
-        if not isinstance(e, dict):
-            continue
-        name, value = str(e.get("name") or ""), e.get("value")
-        if value not in (None, "") and "valueFrom" not in e:
-            texts.append((f"env {name}", value))
-            if SECRET_ENV_NAME.search(name) and not name.upper().endswith(REFERENCE_ENV_SUFFIXES):
-                out.append(f"env {name} holds a literal value; take it from a Secret with valueFrom.secretKeyRef "
-                           "or mount the Secret as a file")
-    for where, text in texts:
-        for pattern, what in SECRET_PATTERNS:
-            if isinstance(text, str) and pattern.search(text):
-                out.append(f"{where} contains {what}; read it from the Secret hf-token (file named by HF_TOKEN_FILE) instead")
-                break
-    return out
-
-
-def check_objects(docs: Sequence[Doc]) -> list[Problem]:
-    """Checks that apply to every object: images, inline secrets, unencrypted Secrets."""
-    problems = []
-    for d in docs:
-        data = d.data
-        if not isinstance(data, dict):
-            continue
-        for pod in pod_specs(data):
-            for c in containers(pod):
-                label = f"container {c.get('name', '?')}"
-                msg = image_problem(c.get("image"))
-                if msg:
-                    problems.append(Problem(d.file, d.line, obj_name(data), f"{label}: {msg}"))
-                for msg in secret_problems(c):
-                    problems.append(Problem(d.file, d.line, obj_name(data), f"{label}: {msg}"))
-        if gvk(data) == ("", "Secret") and "sops" not in data and (data.get("data") or data.get("stringData")):
-            problems.append(Problem(d.file, d.line, obj_name(data),
-                                    "Secret holds unencrypted data; encrypt the file with sops (see .sops.yaml)"))
-        if gvk(data) == HELM_RELEASE:
-            for v in walk((data.get("spec") or {}).get("values")):
-                if isinstance(v, dict) and str(v.get("tag", "")) == "latest":
-                    problems.append(Problem(d.file, d.line, obj_name(data), "values use the image tag latest; pin a version"))
-    return problems
-
-
-def _int(v: Any) -> int | None:
-    try:
-        return int(str(v))
-    except (TypeError, ValueError):
-        return None
-
-
-def _flag_values(tokens: Sequence[str], names: Sequence[str]) -> list[str]:
-    out = []
-    for i, t in enumerate(tokens):
-        for n in names:
-            if t == n and i + 1 < len(tokens):
-                out.append(tokens[i + 1])
-            elif t.startswith(n + "="):
-                out.append(t[len(n) + 1:])
-    return out
-
-
-def _tokens(c: Mapping[str, Any]) -> list[str]:
-    """command + args, shell scripts split into words, $(VAR) replaced from the container's env."""
-    env = {str(e.get("name")): str(e.get("value")) for e in c.get("env") or []
-           if isinstance(e, dict) and e.get("value") is not None}
-    out = []
-    for part in list(c.get("command") or []) + list(c.get("args") or []):
-        s = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), str(part))
-        try:
-            out += shlex.split(s) if (" " in s or "\n" in s) else [s]
-        except ValueError:
-            out += s.split()
-    return out
-
-
-@dataclass(frozen=True)
-class JobFacts:
-    """What the cross-run checks need from one PyTorchJob."""
-
-    doc: Doc
-    rdzv_ids: tuple[str, ...]
-    checkpoint_dirs: tuple[str, ...]
-
-
-def check_pytorchjob(doc: Doc, configmaps: Mapping[str, dict], instance_types: Mapping[str, InstanceType],
-                     ) -> tuple[list[Problem], JobFacts]:
-    """A PyTorchJob against its instance type, and the ids that must be unique across runs."""
-    data, problems = doc.data, []
-    spec = data.get("spec") or {}
-
-    def bad(msg: str) -> None:
-        problems.append(Problem(doc.file, doc.line, obj_name(data), msg))
-
-    rdzv_ids: set[str] = set()
-    ckpt_dirs: set[str] = set()
-    elastic = spec.get("elasticPolicy") or {}
-    if elastic.get("rdzvId"):
-        rdzv_ids.add(str(elastic["rdzvId"]))
-    for role, rs in sorted((spec.get("pytorchReplicaSpecs") or {}).items()):
-        pod = ((rs or {}).get("template") or {}).get("spec") or {}
-        where = f"{role}"
-        selector = (pod.get("nodeSelector") or {}).get(INSTANCE_TYPE_LABEL)
-        if not selector:
-            for term in ((((pod.get("affinity") or {}).get("nodeAffinity") or {})
-                          .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []):
-                for e in term.get("matchExpressions") or []:
-                    if e.get("key") == INSTANCE_TYPE_LABEL and e.get("operator") == "In" and len(e.get("values") or []) == 1:
-                        selector = e["values"][0]
-        gpus = efa = 0
-        for c in pod.get("containers") or []:
-            limits = ((c or {}).get("resources") or {}).get("limits") or {}
-            gpus += _int(limits.get(GPU_RESOURCE, 0)) or 0
-            efa += _int(limits.get(EFA_RESOURCE, 0)) or 0
-            if ((c or {}).get("securityContext") or {}).get("privileged"):
-                bad(f"{where}: container {c.get('name')} is privileged; training pods need no privilege")
-            tokens = _tokens(c or {})
-            env = {str(e.get("name")): e.get("value") for e in (c or {}).get("env") or [] if isinstance(e, dict)}
-            nprocs = _flag_values(tokens, ("--nproc_per_node", "--nproc-per-node"))
-            if env.get("PET_NPROC_PER_NODE") is not None:
-                nprocs.append(str(env["PET_NPROC_PER_NODE"]))
-            for n in nprocs:
-                if n not in ("gpu", "auto") and _int(n) != (gpus_of(c)):
-                    bad(f"{where}: torchrun --nproc_per_node is {n} but the container has {gpus_of(c)} GPUs ({GPU_RESOURCE}); make them equal")
-            rdzv_ids.update(_flag_values(tokens, ("--rdzv_id", "--rdzv-id")))
-            if env.get("PET_RDZV_ID"):
-                rdzv_ids.add(str(env["PET_RDZV_ID"]))
-            # Trainer overrides (section.key=value) win over the config file.
-            ckpt_dirs.update(v.split("=", 1)[1] for v in tokens if v.startswith("checkpoint.dir="))
-        if (pod.get("securityContext") or {}).get("privileged"):
-            bad(f"{where}: pod is privileged; training pods need no privilege")
-        for n in [spec.get("nprocPerNode"), elastic.get("nProcPerNode")]:
-            if n is not None and str(n) not in ("gpu", "auto") and _int(n) != gpus:
-                bad(f"{where}: nprocPerNode is {n} but each pod has {gpus} GPUs; make them equal")
-        if not selector:
-            bad(f"{where}: no nodeSelector {INSTANCE_TYPE_LABEL}; pin the pods to a GPU instance type")
-        elif selector not in instance_types:
-            bad(f"{where}: instance type {selector} is not in the catalog (generators/catalog.py)")
-        else:
-            it = instance_types[selector]
-            if not 1 <= gpus <= it.num_gpus:
-                bad(f"{where}: requests {gpus} GPUs ({GPU_RESOURCE}) but {selector} has {it.num_gpus}; "
-                    f"request 1 to {it.num_gpus}")
-            elif efa != efa_for(it, gpus):
-                bad(f"{where}: requests {efa} EFA interfaces ({EFA_RESOURCE}) but {gpus} GPUs of {selector} come with "
-                    f"{efa_for(it, gpus)}; request {efa_for(it, gpus)}")
-        for v in pod.get("volumes") or []:
-            ref = (v or {}).get("configMap") or {}
-            cm = ref.get("name")
-            if not cm:
-                continue
-            cfg = configmaps.get(f"{meta(data, 'namespace')}/{cm}")
-            if cfg is None and not ref.get("optional"):
-                # kustomize renames generated ConfigMaps (hash suffix, name prefix/suffix) but does not
-                # rewrite references inside custom resources, so a stale name here is easy to get.
-                bad(f"{where}: volume {v.get('name')} mounts ConfigMap {cm}, which the same overlay does not "
-                    "define; generate it with that exact name (kustomize does not rename references inside "
-                    "a PyTorchJob)")
-            for text in (cfg or {}).values():
-                ckpt = _checkpoint_dir(text)
-                if ckpt:
-                    ckpt_dirs.add(ckpt)
-    return problems, JobFacts(doc, tuple(sorted(rdzv_ids)), tuple(sorted(ckpt_dirs)))
-
-
-def gpus_of(c: Mapping[str, Any]) -> int:
-    return _int((((c or {}).get("resources") or {}).get("limits") or {}).get(GPU_RESOURCE, 0)) or 0
-
-
-def _checkpoint_dir(text: Any) -> str:
-    """checkpoint.dir of a trainer config held in a ConfigMap value ("" when it is not one)."""
-    if not isinstance(text, str) or "checkpoint" not in text:
-        return ""
-    try:
-        cfg = yaml.load(text, Loader=_Loader)
-    except yaml.YAMLError:
-        return ""
-    ckpt = cfg.get("checkpoint") if isinstance(cfg, dict) else None
-    return str(ckpt.get("dir") or "") if isinstance(ckpt, dict) else ""
-
-
-def check_unique(facts: Sequence[JobFacts]) -> list[Problem]:
-    problems = []
-    for attr, what in (("rdzv_ids", "rendezvous id"), ("checkpoint_dirs", "checkpoint directory")):
-        first: dict[str, JobFacts] = {}
-        for f in facts:
-            for v in getattr(f, attr):
-                if v in first and first[v] is not f:
-                    other = first[v]
-                    problems.append(Problem(f.doc.file, f.doc.line, obj_name(f.doc.data),
-                                            f"{what} {v} is also used by {obj_name(other.doc.data)} ({other.doc.file}); "
-                                            "every run needs its own"))
-                first.setdefault(v, f)
-    return problems
-
-
-def check_semantics(units: Sequence[Unit], deployable: Sequence[Unit],
-                    instance_types: Mapping[str, InstanceType] = INSTANCE_TYPES) -> list[Problem]:
-    """Object checks on every unit; PyTorchJob checks on what gets applied (`deployable`)."""
-    problems: list[Problem] = []
-    facts: list[JobFacts] = []
-    for u in units:
-        problems += check_objects(u.docs)
-    for u in deployable:
-        configmaps = {}
-        for d in u.docs:
-            if gvk(d.data) == ("", "ConfigMap"):
-                configmaps[f"{meta(d.data, 'namespace')}/{meta(d.data, 'name')}"] = d.data.get("data") or {}
-        for d in u.docs:
-            if gvk(d.data) == PYTORCHJOB:
-                p, f = check_pytorchjob(d, configmaps, instance_types)
-                problems += p
-                facts.append(f)
-    return problems + check_unique(facts)
-
-
 # ------------------------------------------------------------------------------------------- pipeline
 
 def validate(root: Path, paths: Sequence[str] = (), *, crd_dir: Path, k8s_version: str = K8S_VERSION,
@@ -1044,13 +682,14 @@ def validate(root: Path, paths: Sequence[str] = (), *, crd_dir: Path, k8s_versio
     problems += p
 
     # 5. Semantics, on what gets applied: builds nothing else builds on, and plain manifest files.
-    deployable = [u for u in units if u.build is None or u.build.dir not in used_as_base]
-    problems += check_semantics(units, deployable)
+    applied = [u.docs for u in units if u.build is None or u.build.dir not in used_as_base]
+    p, num_jobs = check_semantics([u.docs for u in units], applied)
+    problems += p
 
     return Report(sorted(set(problems), key=lambda x: (x.file, x.line, x.obj, x.message)),
                   num_yaml_files=len(repo.yaml_files if scope == [""] else [f for f in repo.yaml_files if in_scope(f)]),
                   num_builds=len(to_build), num_resources=num_resources, num_flux_kustomizations=num_flux,
-                  seconds=time.monotonic() - start)
+                  num_pytorchjobs=num_jobs, seconds=time.monotonic() - start)
 
 
 def repository_root(paths: Sequence[Path]) -> Path:
@@ -1094,7 +733,8 @@ def main(crd_schemas: Path | None, k8s_version: str, paths: tuple[Path, ...]) ->
         click.echo(str(p), err=True)
     status = f"{len(report.problems)} problem(s)" if report.problems else "OK"
     click.echo(f"validated {report.num_yaml_files} YAML files, {report.num_builds} kustomize builds, "
-               f"{report.num_resources} resources, {report.num_flux_kustomizations} Flux Kustomizations "
+               f"{report.num_resources} resources, {report.num_flux_kustomizations} Flux Kustomizations, "
+               f"{report.num_pytorchjobs} PyTorchJobs "
                f"in {report.seconds:.1f}s: {status}")
     if report.problems:
         sys.exit(1)

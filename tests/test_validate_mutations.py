@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-import pytest
 import yaml
 from click.testing import CliRunner
 

@@ -6,26 +6,27 @@ import json
 import pytest
 import yaml
 
+from generators import manifests, semantics
 from generators import validate as v
 
 
 def test_duplicate_key_is_a_yaml_error_with_its_line():
     with pytest.raises(yaml.YAMLError) as err:
-        v.load_documents("a: 1\nb:\n  c: 2\n  c: 3\n", "x.yaml")
-    problem = v.yaml_error("x.yaml", err.value)
+        manifests.load_documents("a: 1\nb:\n  c: 2\n  c: 3\n", "x.yaml")
+    problem = manifests.yaml_error("x.yaml", err.value)
     assert problem.line == 4
     assert "duplicate key 'c' (first at line 3)" in str(problem)
 
 
 def test_documents_keep_their_first_line_and_skip_empty_ones():
-    docs = v.load_documents("---\na: 1\n---\n---\nb: 2\n", "x.yaml")
+    docs = manifests.load_documents("---\na: 1\n---\n---\nb: 2\n", "x.yaml")
     assert [(d.data, d.line) for d in docs] == [({"a": 1}, 2), ({"b": 2}, 5)]
 
 
 def test_syntax_error_names_file_and_line():
     with pytest.raises(yaml.YAMLError) as err:
-        v.load_documents("a: 1\nb: c: d\n", "x.yaml")
-    assert str(v.yaml_error("x.yaml", err.value)).startswith("x.yaml:2: YAML:")
+        manifests.load_documents("a: 1\nb: c: d\n", "x.yaml")
+    assert str(manifests.yaml_error("x.yaml", err.value)).startswith("x.yaml:2: YAML:")
 
 
 def test_find_cycles_reports_each_cycle_once_from_its_smallest_node():
@@ -44,7 +45,7 @@ def test_find_cycles_reports_each_cycle_once_from_its_smallest_node():
     ("", False),
 ])
 def test_image_pins(image, fine):
-    assert (v.image_problem(image) == "") is fine
+    assert (semantics.image_problem(image) == "") is fine
 
 
 @pytest.mark.parametrize("container, what", [
@@ -56,7 +57,7 @@ def test_image_pins(image, fine):
     ({"env": [{"name": "DB_PASSWORD", "value": "abc"}]}, "env DB_PASSWORD holds a literal value"),
 ])
 def test_inline_secrets_are_found(container, what):
-    found = v.secret_problems(container)
+    found = semantics.secret_problems(container)
     assert any(what in p for p in found), found
 
 
@@ -68,7 +69,7 @@ def test_inline_secrets_are_found(container, what):
     {"args": ["--token-file", "/secrets/token"]},
 ])
 def test_secret_references_are_fine(container):
-    assert v.secret_problems(container) == []
+    assert semantics.secret_problems(container) == []
 
 
 def test_core_schemas_are_prepared_once_in_kubeconform_layout(tmp_path):
@@ -94,19 +95,19 @@ def _job(**container):
     c = {"name": "pytorch", "image": "x/trainer:1", "command": ["torchrun", "--nproc_per_node=8", "--rdzv_id=r1"],
          "resources": {"limits": {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 32}}}
     c.update(container)
-    return v.Doc({"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "j", "namespace": "fsdp"},
+    return manifests.Doc({"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "j", "namespace": "fsdp"},
                   "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 2, "template": {"spec": {
                       "nodeSelector": {"node.kubernetes.io/instance-type": "p5.48xlarge"},
                       "containers": [c]}}}}}}, "run/kustomization.yaml")
 
 
 def _job_problems(doc):
-    return [p.message for p in v.check_pytorchjob(doc, {}, v.INSTANCE_TYPES)[0]]
+    return [p.message for p in semantics.check_pytorchjob(doc, {}, semantics.INSTANCE_TYPES)[0]]
 
 
 def test_a_job_that_fits_its_instance_passes():
     assert _job_problems(_job()) == []
-    facts = v.check_pytorchjob(_job(), {}, v.INSTANCE_TYPES)[1]
+    facts = semantics.check_pytorchjob(_job(), {}, semantics.INSTANCE_TYPES)[1]
     assert facts.rdzv_ids == ("r1",)
 
 
@@ -141,9 +142,9 @@ def test_unknown_instance_type_fails():
 
 
 def test_unencrypted_secret_fails_and_sops_secret_passes():
-    plain = v.Doc({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf-token"},
+    plain = manifests.Doc({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf-token"},
                    "stringData": {"token": "x"}}, "s.yaml", 1)
-    sealed = v.Doc({**plain.data, "stringData": {"token": "ENC[AES256_GCM,data:xx]"}, "sops": {"version": "3"}},
+    sealed = manifests.Doc({**plain.data, "stringData": {"token": "ENC[AES256_GCM,data:xx]"}, "sops": {"version": "3"}},
                    "s.yaml", 1)
-    assert ["Secret holds unencrypted data" in p.message for p in v.check_objects([plain])] == [True]
-    assert v.check_objects([sealed]) == []
+    assert ["Secret holds unencrypted data" in p.message for p in semantics.check_objects([plain])] == [True]
+    assert semantics.check_objects([sealed]) == []

@@ -1,0 +1,287 @@
+"""Checks no schema can make, on the objects a kustomize build or a manifest file yields.
+
+On every object: images pinned by tag or digest (never `latest`), no secret written inline in a
+container's command, arguments or env values, no unencrypted Secret. On every PyTorchJob that gets
+applied: its GPUs and EFA interfaces fit the instance type it is pinned to (generators/catalog.py),
+torchrun's processes per node equal its GPUs, its pods are not privileged, the ConfigMaps it mounts come
+with it; across runs: rendezvous ids and output directories on the shared volume are unique.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Sequence
+
+import yaml
+
+from generators.catalog import INSTANCE_TYPES, InstanceType, efa_for
+from generators.manifests import HELM_RELEASE, PYTORCHJOB, Doc, Problem, SafeLoader, gvk, meta, obj_name, walk
+
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+GPU_RESOURCE = "nvidia.com/gpu"
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+
+
+# Trainer config keys (trainer/config.py) naming directories a run writes to: two runs must not share one.
+RUN_DIR_KEYS = {"checkpoint.dir": "checkpoint directory", "checkpoint.export_dir": "export directory",
+                "metrics.output_dir": "metrics directory"}
+
+SECRET_PATTERNS = (
+    (re.compile(r"hf_[A-Za-z0-9]{20,}"), "a Hugging Face token"),
+    (re.compile(r"(?<![A-Z0-9])(AKIA|ASIA)[A-Z0-9]{16}(?![A-Z0-9])"), "an AWS access key id"),
+    (re.compile(r"--(?:hf[-_])?token[= ]+(?![\"']?\$)[\"']?[^\s\"'$]+"), "a literal --token value"),
+    (re.compile(r"\b[A-Z0-9_]*(?:TOKEN|SECRET|PASSWORD)=(?![\"']?\$)[\"']?[^\s\"'$;]+"), "a literal secret assignment"),
+)
+SECRET_ENV_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|ACCESS_KEY", re.I)
+# Env vars that name where a secret is, not the secret itself.
+REFERENCE_ENV_SUFFIXES = ("_FILE", "_PATH", "_DIR", "_NAME", "_REF")
+
+
+def pod_specs(data: Any) -> Iterator[dict]:
+    """Every pod spec inside a manifest: anything with a list of containers."""
+    for v in walk(data):
+        if isinstance(v, dict) and isinstance(v.get("containers"), list):
+            yield v
+
+
+def containers(pod: Mapping[str, Any]) -> Iterator[dict]:
+    for key in ("initContainers", "containers", "ephemeralContainers"):
+        for c in pod.get(key) or []:
+            if isinstance(c, dict):
+                yield c
+
+
+def image_problem(image: Any) -> str:
+    if not isinstance(image, str) or not image:
+        return "has no image"
+    if "@" in image:
+        return ""
+    last = image.rsplit("/", 1)[-1]
+    if ":" not in last:
+        return f"image {image} has no tag; pin it by tag or digest"
+    if last.rsplit(":", 1)[1] == "latest":
+        return f"image {image} uses the moving tag latest; pin it by tag or digest"
+    return ""
+
+
+def secret_problems(c: Mapping[str, Any]) -> list[str]:
+    out = []
+    texts = [("command", x) for x in c.get("command") or []] + [("args", x) for x in c.get("args") or []]
+    for e in c.get("env") or []:
+        if not isinstance(e, dict):
+            continue
+        name, value = str(e.get("name") or ""), e.get("value")
+        if value not in (None, "") and "valueFrom" not in e:
+            texts.append((f"env {name}", value))
+            if SECRET_ENV_NAME.search(name) and not name.upper().endswith(REFERENCE_ENV_SUFFIXES):
+                out.append(f"env {name} holds a literal value; take it from a Secret with valueFrom.secretKeyRef "
+                           "or mount the Secret as a file")
+    for where, text in texts:
+        for pattern, what in SECRET_PATTERNS:
+            if isinstance(text, str) and pattern.search(text):
+                out.append(f"{where} contains {what}; read it from the Secret hf-token (file named by HF_TOKEN_FILE) instead")
+                break
+    return out
+
+
+def check_objects(docs: Sequence[Doc]) -> list[Problem]:
+    """Checks that apply to every object: images, inline secrets, unencrypted Secrets."""
+    problems = []
+    for d in docs:
+        data = d.data
+        if not isinstance(data, dict):
+            continue
+        for pod in pod_specs(data):
+            for c in containers(pod):
+                label = f"container {c.get('name', '?')}"
+                msg = image_problem(c.get("image"))
+                if msg:
+                    problems.append(Problem(d.file, d.line, obj_name(data), f"{label}: {msg}"))
+                for msg in secret_problems(c):
+                    problems.append(Problem(d.file, d.line, obj_name(data), f"{label}: {msg}"))
+        if gvk(data) == ("", "Secret") and "sops" not in data and (data.get("data") or data.get("stringData")):
+            problems.append(Problem(d.file, d.line, obj_name(data),
+                                    "Secret holds unencrypted data; encrypt the file with sops (see .sops.yaml)"))
+        if gvk(data) == HELM_RELEASE:
+            for v in walk((data.get("spec") or {}).get("values")):
+                if isinstance(v, dict) and str(v.get("tag", "")) == "latest":
+                    problems.append(Problem(d.file, d.line, obj_name(data), "values use the image tag latest; pin a version"))
+    return problems
+
+
+def _int(v: Any) -> int | None:
+    try:
+        return int(str(v))
+    except (TypeError, ValueError):
+        return None
+
+
+def _flag_values(tokens: Sequence[str], names: Sequence[str]) -> list[str]:
+    out = []
+    for i, t in enumerate(tokens):
+        for n in names:
+            if t == n and i + 1 < len(tokens):
+                out.append(tokens[i + 1])
+            elif t.startswith(n + "="):
+                out.append(t[len(n) + 1:])
+    return out
+
+
+def _tokens(c: Mapping[str, Any]) -> list[str]:
+    """command + args, shell scripts split into words, $(VAR) replaced from the container's env."""
+    env = {str(e.get("name")): str(e.get("value")) for e in c.get("env") or []
+           if isinstance(e, dict) and e.get("value") is not None}
+    out = []
+    for part in list(c.get("command") or []) + list(c.get("args") or []):
+        s = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), str(part))
+        try:
+            out += shlex.split(s) if (" " in s or "\n" in s) else [s]
+        except ValueError:
+            out += s.split()
+    return out
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """What the cross-run checks need from one PyTorchJob."""
+
+    doc: Doc
+    rdzv_ids: tuple[str, ...]
+    # (what, absolute path) of each directory the run writes to on the shared volume.
+    run_dirs: tuple[tuple[str, str], ...]
+
+
+def check_pytorchjob(doc: Doc, configmaps: Mapping[str, dict], instance_types: Mapping[str, InstanceType],
+                     ) -> tuple[list[Problem], JobFacts]:
+    """A PyTorchJob against its instance type, and the ids that must be unique across runs."""
+    data, problems = doc.data, []
+    spec = data.get("spec") or {}
+
+    def bad(msg: str) -> None:
+        problems.append(Problem(doc.file, doc.line, obj_name(data), msg))
+
+    rdzv_ids: set[str] = set()
+    run_dirs: set[tuple[str, str]] = set()
+    elastic = spec.get("elasticPolicy") or {}
+    if elastic.get("rdzvId"):
+        rdzv_ids.add(str(elastic["rdzvId"]))
+    for role, rs in sorted((spec.get("pytorchReplicaSpecs") or {}).items()):
+        pod = ((rs or {}).get("template") or {}).get("spec") or {}
+        where = f"{role}"
+        selector = (pod.get("nodeSelector") or {}).get(INSTANCE_TYPE_LABEL)
+        if not selector:
+            for term in ((((pod.get("affinity") or {}).get("nodeAffinity") or {})
+                          .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []):
+                for e in term.get("matchExpressions") or []:
+                    if e.get("key") == INSTANCE_TYPE_LABEL and e.get("operator") == "In" and len(e.get("values") or []) == 1:
+                        selector = e["values"][0]
+        gpus = efa = 0
+        for c in pod.get("containers") or []:
+            limits = ((c or {}).get("resources") or {}).get("limits") or {}
+            gpus += _int(limits.get(GPU_RESOURCE, 0)) or 0
+            efa += _int(limits.get(EFA_RESOURCE, 0)) or 0
+            if ((c or {}).get("securityContext") or {}).get("privileged"):
+                bad(f"{where}: container {c.get('name')} is privileged; training pods need no privilege")
+            tokens = _tokens(c or {})
+            env = {str(e.get("name")): e.get("value") for e in (c or {}).get("env") or [] if isinstance(e, dict)}
+            nprocs = _flag_values(tokens, ("--nproc_per_node", "--nproc-per-node"))
+            if env.get("PET_NPROC_PER_NODE") is not None:
+                nprocs.append(str(env["PET_NPROC_PER_NODE"]))
+            for n in nprocs:
+                if n not in ("gpu", "auto") and _int(n) != (gpus_of(c)):
+                    bad(f"{where}: torchrun --nproc_per_node is {n} but the container has {gpus_of(c)} GPUs ({GPU_RESOURCE}); make them equal")
+            rdzv_ids.update(_flag_values(tokens, ("--rdzv_id", "--rdzv-id")))
+            if env.get("PET_RDZV_ID"):
+                rdzv_ids.add(str(env["PET_RDZV_ID"]))
+            # Trainer overrides (section.key=value) on the command line write there too.
+            for key, what in RUN_DIR_KEYS.items():
+                run_dirs.update((what, t.split("=", 1)[1]) for t in tokens
+                                if t.startswith(key + "=") and t.split("=", 1)[1].startswith("/"))
+        if (pod.get("securityContext") or {}).get("privileged"):
+            bad(f"{where}: pod is privileged; training pods need no privilege")
+        for n in [spec.get("nprocPerNode"), elastic.get("nProcPerNode")]:
+            if n is not None and str(n) not in ("gpu", "auto") and _int(n) != gpus:
+                bad(f"{where}: nprocPerNode is {n} but each pod has {gpus} GPUs; make them equal")
+        if not selector:
+            bad(f"{where}: no nodeSelector {INSTANCE_TYPE_LABEL}; pin the pods to a GPU instance type")
+        elif selector not in instance_types:
+            bad(f"{where}: instance type {selector} is not in the catalog (generators/catalog.py)")
+        else:
+            it = instance_types[selector]
+            if not 1 <= gpus <= it.num_gpus:
+                bad(f"{where}: requests {gpus} GPUs ({GPU_RESOURCE}) but {selector} has {it.num_gpus}; "
+                    f"request 1 to {it.num_gpus}")
+            elif efa != efa_for(it, gpus):
+                bad(f"{where}: requests {efa} EFA interfaces ({EFA_RESOURCE}) but {gpus} GPUs of {selector} come with "
+                    f"{efa_for(it, gpus)}; request {efa_for(it, gpus)}")
+        for v in pod.get("volumes") or []:
+            ref = (v or {}).get("configMap") or {}
+            cm = ref.get("name")
+            if not cm:
+                continue
+            cfg = configmaps.get(f"{meta(data, 'namespace')}/{cm}")
+            if cfg is None and not ref.get("optional"):
+                # kustomize renames generated ConfigMaps (hash suffix, name prefix/suffix) but does not
+                # rewrite references inside custom resources, so a stale name here is easy to get.
+                bad(f"{where}: volume {v.get('name')} mounts ConfigMap {cm}, which the same overlay does not "
+                    "define; generate it with that exact name (kustomize does not rename references inside "
+                    "a PyTorchJob)")
+            for text in (cfg or {}).values():
+                run_dirs.update(_run_dirs(text))
+    return problems, JobFacts(doc, tuple(sorted(rdzv_ids)), tuple(sorted(run_dirs)))
+
+
+def gpus_of(c: Mapping[str, Any]) -> int:
+    return _int((((c or {}).get("resources") or {}).get("limits") or {}).get(GPU_RESOURCE, 0)) or 0
+
+
+def _run_dirs(text: Any) -> list[tuple[str, str]]:
+    """(what, path) of the absolute output directories of a trainer config held in a ConfigMap value."""
+    if not isinstance(text, str) or "checkpoint" not in text:
+        return []
+    try:
+        cfg = yaml.load(text, Loader=SafeLoader)
+    except yaml.YAMLError:
+        return []
+    out = []
+    for key, what in RUN_DIR_KEYS.items():
+        section, name = key.split(".")
+        value = (cfg.get(section) or {}).get(name) if isinstance(cfg, dict) and isinstance(cfg.get(section), dict) else None
+        if isinstance(value, str) and value.startswith("/"):
+            out.append((what, value))
+    return out
+
+
+def check_unique(facts: Sequence[JobFacts]) -> list[Problem]:
+    problems = []
+    first: dict[tuple[str, str], JobFacts] = {}
+    for f in facts:
+        for key in [("rendezvous id", x) for x in f.rdzv_ids] + list(f.run_dirs):
+            other = first.setdefault(key, f)
+            if other is not f:
+                problems.append(Problem(f.doc.file, f.doc.line, obj_name(f.doc.data),
+                                        f"{key[0]} {key[1]} is also used by {obj_name(other.doc.data)} "
+                                        f"({other.doc.file}); every run needs its own"))
+    return problems
+
+
+def check_semantics(units: Sequence[Sequence[Doc]], applied: Sequence[Sequence[Doc]],
+                    instance_types: Mapping[str, InstanceType] = INSTANCE_TYPES) -> tuple[list[Problem], int]:
+    """Object checks on every unit (the documents of one build or file); PyTorchJob checks on the units
+    that get applied as they are (not bases that others build on). (problems, PyTorchJobs checked)"""
+    problems: list[Problem] = []
+    facts: list[JobFacts] = []
+    for docs in units:
+        problems += check_objects(docs)
+    for docs in applied:
+        configmaps = {}
+        for d in docs:
+            if gvk(d.data) == ("", "ConfigMap"):
+                configmaps[f"{meta(d.data, 'namespace')}/{meta(d.data, 'name')}"] = d.data.get("data") or {}
+        for d in docs:
+            if gvk(d.data) == PYTORCHJOB:
+                p, f = check_pytorchjob(d, configmaps, instance_types)
+                problems += p
+                facts.append(f)
+    return problems + check_unique(facts), len(facts)
