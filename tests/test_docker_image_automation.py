@@ -1,0 +1,136 @@
+"""Flux image automation for the trainer image: the objects pass their schemas, they agree with the
+image line in base/pytorchjob and with the workflow that pushes the image, and a tag written the
+way image-automation-controller writes it survives the generator without a diff."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from generators.clusters import FLUX_NAMESPACE, SOURCE_NAME
+from generators.tools import tool
+from generators.validate import default_crd_dir
+
+REPO = Path(__file__).resolve().parent.parent
+AUTOMATION = REPO / "base" / "image-automation"
+JOB = REPO / "base" / "pytorchjob" / "pytorchjob.yaml"
+POLICY_REF = "flux-system:fsdp-trainer"
+# A line that image-automation-controller's Setters strategy updates: a YAML scalar followed by the
+# marker comment; with no ":tag"/":name" suffix in the marker the whole image reference is replaced.
+MARKED = re.compile(r'^(?P<head>\s*(?:-\s+)?image:\s*)(?P<image>\S+)(?P<marker>\s+# \{"\$imagepolicy": "(?P<ref>[^"]+)"\})\s*$')
+
+
+def set_image(text: str, policy_ref: str, image: str) -> tuple[str, int]:
+    """Replace the value of every line marked for `policy_ref`, as the Setters strategy does."""
+    out, count = [], 0
+    for line in text.splitlines(keepends=True):
+        m = MARKED.match(line.rstrip("\n"))
+        if m and m.group("ref") == policy_ref:
+            line = f"{m.group('head')}{image}{m.group('marker')}\n"
+            count += 1
+        out.append(line)
+    return "".join(out), count
+
+
+def build(path: Path) -> list[dict]:
+    proc = subprocess.run([tool("kustomize"), "build", "--load-restrictor=LoadRestrictionsNone", str(path)],
+                          capture_output=True, text=True, check=True)
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def kubeconform_crds(text: str) -> dict:
+    location = f"{default_crd_dir()}/{{{{.Group}}}}/{{{{.ResourceKind}}}}_{{{{.ResourceAPIVersion}}}}.json"
+    proc = subprocess.run([tool("kubeconform"), "-strict", "-summary", "-output", "json", "-schema-location",
+                           location, "-"], input=text, capture_output=True, text=True, check=False)
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def objects() -> dict[str, dict]:
+    return {d["kind"]: d for d in build(AUTOMATION)}
+
+
+def job_image() -> str:
+    matches = [m for line in JOB.read_text().splitlines() if (m := MARKED.match(line))]
+    assert len(matches) == 1, "base/pytorchjob must carry exactly one marked image line"
+    assert matches[0].group("ref") == POLICY_REF
+    return matches[0].group("image")
+
+
+def test_the_image_automation_objects_pass_the_flux_image_schemas(objects):
+    assert set(objects) == {"ImageRepository", "ImagePolicy", "ImageUpdateAutomation"}
+    text = "---\n".join(yaml.safe_dump(d) for d in objects.values())
+    report = kubeconform_crds(text)
+    assert report["summary"] == {"valid": 3, "invalid": 0, "errors": 0, "skipped": 0}, report
+
+
+def test_an_unknown_field_fails_the_flux_image_schemas(objects):
+    policy = json.loads(json.dumps(objects["ImagePolicy"]))
+    policy["spec"]["policy"]["semver"]["rnage"] = ">=0.1.0"
+    report = kubeconform_crds(yaml.safe_dump(policy))
+    assert report["summary"]["invalid"] == 1 and "rnage" in report["resources"][0]["msg"], report
+
+
+def test_the_objects_agree_with_the_marked_image_line_and_the_flux_source(objects):
+    repo_, policy, automation = objects["ImageRepository"], objects["ImagePolicy"], objects["ImageUpdateAutomation"]
+    namespace, name = POLICY_REF.split(":")
+    assert {o["metadata"]["namespace"] for o in objects.values()} == {namespace, FLUX_NAMESPACE}
+    assert policy["metadata"]["name"] == name
+    assert policy["spec"]["imageRepositoryRef"]["name"] == repo_["metadata"]["name"]
+    repository, _, tag = job_image().rpartition(":")
+    assert repo_["spec"]["image"] == repository and repo_["spec"]["provider"] == "aws"
+    assert automation["spec"]["sourceRef"] == {"kind": "GitRepository", "name": SOURCE_NAME, "namespace": FLUX_NAMESPACE}
+    assert automation["spec"]["update"] == {"path": "./base/pytorchjob", "strategy": "Setters"}
+    assert automation["spec"]["git"]["push"]["branch"] == automation["spec"]["git"]["checkout"]["ref"]["branch"] == "main"
+    # The committed tag is one the policy can select, and per-commit tags are not.
+    pattern = re.compile(policy["spec"]["filterTags"]["pattern"])
+    assert pattern.match(tag) and not pattern.match("sha-" + "0" * 40)
+    assert all(re.match(p, "sha-" + "0" * 40) for p in repo_["spec"]["exclusionList"][:1])
+
+
+def test_the_workflow_pushes_to_the_repository_flux_scans():
+    workflow = yaml.safe_load((REPO / ".github" / "workflows" / "image.yaml").read_text())
+    ecr_repository = workflow["jobs"]["push"]["env"]["ECR_REPOSITORY"]
+    assert job_image().rpartition(":")[0].endswith(".amazonaws.com/" + ecr_repository)
+
+
+def test_a_new_tag_round_trips_through_the_generator_without_a_diff(tmp_path):
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, capture_output=True,
+                           check=True).stdout.decode().split("\0")
+    copy = tmp_path / "repo"
+    for rel in filter(None, files):
+        if (REPO / rel).is_file():
+            (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, copy / rel)
+    job = copy / "base" / "pytorchjob" / "pytorchjob.yaml"
+    repository = job_image().rpartition(":")[0]
+    new_image = f"{repository}:9.8.7"
+    text, count = set_image(job.read_text(), POLICY_REF, new_image)
+    assert count == 1
+    job.write_text(text)
+
+    # The marker stays on the image line, and the file is still the same YAML but for the image.
+    after = [m for line in text.splitlines() if (m := MARKED.match(line))]
+    assert [(m.group("image"), m.group("ref")) for m in after] == [(new_image, POLICY_REF)]
+    before_doc, after_doc = yaml.safe_load(JOB.read_text()), yaml.safe_load(text)
+    container = after_doc["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    assert container.pop("image") == new_image
+    before_doc["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0].pop("image")
+    assert after_doc == before_doc
+
+    # Overlays never set the image, so regenerating them changes nothing ...
+    check = subprocess.run([sys.executable, str(copy / "generators" / "expand.py"), str(copy / "matrix.yaml"), "--check"],
+                           cwd=copy, capture_output=True, text=True, check=False)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert not [p for p in (copy / "overlays").rglob("*.yaml") if repository in p.read_text()]
+    # ... and every run built from them picks up the new tag.
+    run_dir = next(p.parent for p in sorted((copy / "overlays" / "runs").rglob("kustomization.yaml")))
+    jobs = [d for d in build(run_dir) if d["kind"] == "PyTorchJob"]
+    assert [j["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["image"]
+            for j in jobs] == [new_image]
