@@ -214,7 +214,8 @@ def plan_run(matrix: Matrix, run: Run, cache: dict[str, TrainConfig] | None = No
     model_section.setdefault("path", arch.hf_id)
     trainer_data["model"] = model_section
 
-    cache_key = json.dumps(trainer_data, sort_keys=True, default=repr)
+    # repr keeps 1, 1.0 and True apart; equal configs written in another key order only miss the cache.
+    cache_key = repr(trainer_data)
     cfg = cache.get(cache_key) if cache is not None else None
     if cfg is None:
         try:

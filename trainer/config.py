@@ -14,6 +14,7 @@ launch topology (HYBRID_SHARD group size versus world size) is `check_topology`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import typing
 from dataclasses import dataclass, field
@@ -227,10 +228,17 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     return value
 
 
+@functools.lru_cache(maxsize=None)
+def _hints(cls: type) -> dict[str, Any]:
+    # get_type_hints evaluates the string annotations on every call; the generator validates
+    # thousands of configs, so resolve each class once.
+    return typing.get_type_hints(cls)
+
+
 def _build(cls: type, data: Any, prefix: str) -> Any:
     if not isinstance(data, Mapping):
         raise ConfigError(prefix, f"must be a mapping, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     for key in data:
         if key not in fields:
@@ -257,8 +265,16 @@ def from_dict(data: Mapping[str, Any]) -> TrainConfig:
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
-    """The fully resolved config as plain data (every field, defaults included)."""
-    return dataclasses.asdict(cfg)
+    """The fully resolved config as plain data (every field, defaults included).
+
+    Same result as dataclasses.asdict (every leaf is an immutable scalar, so nothing needs the deep
+    copy asdict makes), at a fraction of the cost when the generator resolves thousands of runs.
+    """
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        out[f.name] = to_dict(value) if dataclasses.is_dataclass(value) else value
+    return out
 
 
 def merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
