@@ -302,13 +302,19 @@ def kubernetes_validate_dir(version: str) -> Path:
     return src
 
 
+_DEF_REF = re.compile(r'"\$ref": ?"(?:/api/_definitions\.json)?#/\$defs/([^"]+)"')
+
+
 def prepare_core_schemas(version: str, cache: Path = SCHEMA_CACHE) -> Path:
     """Core schemas for `version` in kubeconform's layout, prepared once into cache/v<version>/.
 
-    kubernetes-validate's strict schemas carry an `$id` under https://kubernetes.io/ and point into
-    `/api/_definitions.json`; kubeconform resolves references against the file itself, so the copies
-    drop `$id` and reference the sibling _definitions.json. A stamp names the package version they
-    came from, so upgrading the pin prepares them again.
+    kubernetes-validate's strict schemas carry an `$id` under https://kubernetes.io/ and reference
+    definitions in one shared `/api/_definitions.json` (1.4 MB) that kubeconform cannot resolve. Each
+    copy drops `$id` and carries the definitions it needs under its own `$defs`, with local references:
+    kubeconform then compiles a kind in milliseconds instead of parsing the shared file per kind.
+    Only kinds are written (schemas with x-kubernetes-group-version-kind), so a document whose kind is a
+    sub-structure such as PodSpec finds no schema. A stamp names the package version they came from,
+    so upgrading the pin prepares them again.
     """
     from importlib.metadata import version as package_version
 
@@ -317,14 +323,23 @@ def prepare_core_schemas(version: str, cache: Path = SCHEMA_CACHE) -> Path:
     if (dst / "SOURCE").is_file() and (dst / "SOURCE").read_text() == stamp:
         return dst
     src = kubernetes_validate_dir(version)
+    definitions = json.loads((src / "_definitions.json").read_text())["$defs"]
+    deps = {name: set(_DEF_REF.findall(json.dumps(d))) for name, d in definitions.items()}
     cache.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".v{version}-", dir=cache))
-    for f in src.iterdir():
-        if f.suffix != ".json":
-            continue
+    for f in sorted(src.glob("*.json")):
         schema = json.loads(f.read_text())
+        if "x-kubernetes-group-version-kind" not in schema:
+            continue
         schema.pop("$id", None)
-        text = json.dumps(schema, separators=(",", ":")).replace('"/api/_definitions.json#', '"_definitions.json#')
+        need = set(_DEF_REF.findall(json.dumps(schema)))
+        todo = list(need)
+        while todo:
+            for d in deps[todo.pop()] - need:
+                need.add(d)
+                todo.append(d)
+        schema["$defs"] = {name: definitions[name] for name in sorted(need)}
+        text = json.dumps(schema, separators=(",", ":")).replace('"/api/_definitions.json#/$defs/', '"#/$defs/')
         (tmp / f.name).write_text(text)
     (tmp / "SOURCE").write_text(stamp)
     if dst.exists():  # prepared from another package version

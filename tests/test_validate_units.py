@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import yaml
@@ -77,13 +78,27 @@ def test_core_schemas_are_prepared_once_in_kubeconform_layout(tmp_path):
     assert out == tmp_path / f"v{v.K8S_VERSION}"
     deployment = json.loads((out / "deployment-apps-v1.json").read_text())
     assert "$id" not in deployment
-    assert deployment["properties"]["spec"]["$ref"].startswith("_definitions.json#/$defs/")
+    # Every reference is local and resolves inside the file.
+    refs = set(re.findall(r'"\$ref":"([^"]+)"', json.dumps(deployment, separators=(",", ":"))))
+    assert refs and all(r.startswith("#/$defs/") for r in refs)
+    assert {r.removeprefix("#/$defs/") for r in refs} <= set(deployment["$defs"])
+    assert deployment["additionalProperties"] is False  # the strict variant
     assert (out / "configmap-v1.json").is_file()  # core group: -v1
     assert (out / "clusterrole-rbac-v1.json").is_file()  # rbac.authorization.k8s.io: first label
-    stamp = (out / "_definitions.json").stat().st_mtime_ns
+    assert not (out / "podspec-v1.json").exists()  # not a kind
+    stamp = (out / "SOURCE").stat().st_mtime_ns
     assert v.prepare_core_schemas(v.K8S_VERSION, tmp_path) == out
-    assert (out / "_definitions.json").stat().st_mtime_ns == stamp
+    assert (out / "SOURCE").stat().st_mtime_ns == stamp
     assert [p.name for p in tmp_path.iterdir()] == [out.name]  # no temporary folder left behind
+
+
+def test_core_schemas_are_prepared_again_for_another_package_version(tmp_path):
+    out = v.prepare_core_schemas(v.K8S_VERSION, tmp_path)
+    (out / "SOURCE").write_text("kubernetes-validate 0.0.1\n")
+    (out / "stale.json").write_text("{}")
+    assert v.prepare_core_schemas(v.K8S_VERSION, tmp_path) == out
+    assert not (out / "stale.json").exists()
+    assert [p.name for p in tmp_path.iterdir()] == [out.name]
 
 
 def test_unknown_kubernetes_version_is_a_usage_error(tmp_path):
