@@ -1,0 +1,215 @@
+"""Training metrics from rank 0: JSON lines, Prometheus gauges and a short console line.
+
+`<output_dir>/metrics.jsonl`, one object per logged step (figures cover the steps since the last
+logged one; times are wall-clock between synchronised points, so they include data loading):
+
+    step                 optimizer step (1-based)
+    loss                 mean loss per trained token of the step's global batch
+    lr                   learning rate used by the step
+    grad_norm            global gradient norm before clipping
+    tokens               non-padding input tokens processed so far (all ranks, carried over resumes)
+    tokens_per_s         non-padding tokens per second, all ranks
+    tokens_per_s_per_gpu tokens_per_s / world size
+    mfu                  model FLOPs utilisation, a fraction: tokens_per_s_per_gpu x flops_per_token /
+                         peak; flops_per_token = 6 x non-embedding params + 12 x layers x heads x head_dim
+                         x seq_len (trainer.catalog); peak = metrics.peak_flops or the GPU's dense bf16
+                         peak (trainer.catalog.GPU_PEAK_FLOPS); 0 on CPU
+    step_time_s          seconds per optimizer step
+    peak_mem_gib         peak memory: CUDA max allocated (GPU) or peak resident set size (CPU), rank 0
+    peak_mem_reserved_gib CUDA max reserved by the caching allocator (GPU); same as peak_mem_gib on CPU
+    padding_fraction     padding share of the input tokens
+    loss_tokens          trained (response) tokens of the step, all ranks
+    samples              sequences consumed so far (all ranks)
+    data_epoch, data_position  sampler state after the step (position = global rows into the epoch)
+    restart_count        torchrun's restart counter of this process (TORCHELASTIC_RESTART_COUNT)
+    world_size, time     ranks; unix time of the log
+
+Prometheus (text format at http://<rank-0 pod>:<metrics.prometheus_port>/metrics), stable names:
+
+    fsdp_step, fsdp_loss, fsdp_learning_rate, fsdp_grad_norm, fsdp_tokens_total (counter),
+    fsdp_tokens_per_second, fsdp_tokens_per_second_per_gpu, fsdp_mfu_ratio, fsdp_step_time_seconds,
+    fsdp_peak_memory_bytes, fsdp_padding_ratio, fsdp_world_size, fsdp_run_info{model, strategy, precision}
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import time
+from typing import Any, Callable
+
+import torch
+
+from trainer.config import MetricsConfig
+
+
+def peak_memory_bytes(device: torch.device) -> tuple[int, int]:
+    """(peak allocated, peak reserved) on the GPU, or the peak resident set size twice on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    return rss, rss
+
+
+def _proc_status_kib(field: str) -> int:
+    with open("/proc/self/status", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+def host_memory_probe() -> Callable[[], int]:
+    """Start a measurement; the returned function gives the peak resident-set growth since (bytes).
+
+    Writing 5 to /proc/self/clear_refs resets the kernel's peak (VmHWM) to the current size; where
+    that is refused the lifetime peak is used, which can only overstate the growth.
+    """
+    before = _proc_status_kib("VmRSS")
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+    return lambda: max(0, _proc_status_kib("VmHWM") - before) * 1024
+
+
+class PrometheusExporter:
+    """Gauges in a private registry served over HTTP from rank 0."""
+
+    def __init__(self, port: int, info: dict[str, str]):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Info, start_http_server
+
+        self.registry = CollectorRegistry()
+        g = lambda name, doc: Gauge(name, doc, registry=self.registry)  # noqa: E731
+        self.gauges = {
+            "step": g("fsdp_step", "Last completed optimizer step"),
+            "loss": g("fsdp_loss", "Mean loss per trained token of the last logged step"),
+            "lr": g("fsdp_learning_rate", "Learning rate of the last logged step"),
+            "grad_norm": g("fsdp_grad_norm", "Global gradient norm before clipping"),
+            "tokens_per_s": g("fsdp_tokens_per_second", "Non-padding tokens per second, all ranks"),
+            "tokens_per_s_per_gpu": g("fsdp_tokens_per_second_per_gpu", "Non-padding tokens per second per rank"),
+            "mfu": g("fsdp_mfu_ratio", "Model FLOPs utilisation (0-1)"),
+            "step_time_s": g("fsdp_step_time_seconds", "Seconds per optimizer step"),
+            "peak_mem_bytes": g("fsdp_peak_memory_bytes", "Peak accelerator (or host) memory of rank 0"),
+            "padding_fraction": g("fsdp_padding_ratio", "Padding share of the input tokens (0-1)"),
+            "world_size": g("fsdp_world_size", "Number of ranks"),
+        }
+        self.tokens = Counter("fsdp_tokens", "Non-padding tokens processed by this process", registry=self.registry)
+        Info("fsdp_run", "Run description", registry=self.registry).info(info)
+        self.server, self.thread = start_http_server(port, registry=self.registry)
+
+    def update(self, record: dict[str, Any], new_tokens: int) -> None:
+        for key, gauge in self.gauges.items():
+            gauge.set(record["peak_mem_gib"] * 2**30 if key == "peak_mem_bytes" else record[key])
+        self.tokens.inc(new_tokens)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class MetricsLogger:
+    """Accumulates per-step figures and logs every cfg.log_interval_steps steps.
+
+    Every rank calls it (the counts go into checkpoints); only the writer (rank 0) writes or serves.
+    Token counts stay device tensors between logged steps, so unlogged steps never wait for the GPU.
+    """
+
+    def __init__(self, cfg: MetricsConfig, *, is_writer: bool, world_size: int, device: torch.device,
+                 seq_len: int, flops_per_token: float, peak_flops: float, info: dict[str, str]):
+        self.cfg, self.is_writer, self.world_size, self.device = cfg, is_writer, world_size, device
+        self.seq_len, self.flops_per_token, self.peak_flops = seq_len, flops_per_token, peak_flops
+        self.tokens = 0  # non-padding tokens so far, all ranks
+        self.samples = 0  # sequences so far, all ranks
+        self.restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.prometheus = None
+        self._file = None
+        self._start_interval()
+        if is_writer:
+            os.makedirs(cfg.output_dir, exist_ok=True)
+            self._file = open(os.path.join(cfg.output_dir, "metrics.jsonl"), "a", encoding="utf-8")
+            if cfg.prometheus_port:
+                self.prometheus = PrometheusExporter(cfg.prometheus_port, info)
+
+    def _start_interval(self) -> None:
+        self._t0 = time.perf_counter()
+        self._steps = self._samples = 0
+        self._real = torch.zeros((), dtype=torch.int64, device=self.device)
+
+    def state_dict(self) -> dict[str, int]:
+        """Counters carried across resumes (synchronises pending counts)."""
+        return {"tokens": self.tokens + int(self._real.item()), "samples": self.samples + self._samples}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.tokens, self.samples = int(state["tokens"]), int(state["samples"])
+
+    def restart_clock(self) -> None:
+        """Start timing the next interval now (before the first step)."""
+        self._t0 = time.perf_counter()
+
+    def exclude(self, seconds: float) -> None:
+        """Leave time spent outside training steps (checkpoint saves) out of the throughput."""
+        self._t0 += seconds
+
+    def write_run_info(self, info: dict[str, Any]) -> None:
+        """<output_dir>/run.json: resolved config, topology, model and data facts of this launch."""
+        if self.is_writer:
+            with open(os.path.join(self.cfg.output_dir, "run.json"), "w", encoding="utf-8") as fh:
+                json.dump(info, fh, indent=2, default=str)
+
+    def step_done(self, step: int, result: Any, *, lr: float, num_samples: int,
+                  data_state: dict[str, int]) -> dict[str, Any] | None:
+        """Account one step (`result` is an optim.StepResult, num_samples the global sequences).
+
+        Returns the logged record on logging steps, else None.
+        """
+        self._steps += 1
+        self._samples += num_samples
+        self._real += result.num_real_tokens
+        if step % self.cfg.log_interval_steps != 0:
+            return None
+        loss = result.loss.item()  # synchronises with the device, so the wall time below is real
+        elapsed = time.perf_counter() - self._t0
+        real = int(self._real.item())
+        self.tokens += real
+        self.samples += self._samples
+        tokens_per_s = real / elapsed
+        per_gpu = tokens_per_s / self.world_size
+        peak, reserved = peak_memory_bytes(self.device)
+        record = {
+            "step": step,
+            "loss": loss,
+            "lr": lr,
+            "grad_norm": result.grad_norm.item(),
+            "tokens": self.tokens,
+            "tokens_per_s": tokens_per_s,
+            "tokens_per_s_per_gpu": per_gpu,
+            "mfu": per_gpu * self.flops_per_token / self.peak_flops if self.peak_flops else 0.0,
+            "step_time_s": elapsed / self._steps,
+            "peak_mem_gib": peak / 2**30,
+            "peak_mem_reserved_gib": reserved / 2**30,
+            "padding_fraction": 1.0 - real / (self._samples * self.seq_len),
+            "loss_tokens": int(result.num_loss_tokens.item()),
+            "samples": self.samples,
+            "data_epoch": data_state["epoch"],
+            "data_position": data_state["position"],
+            "restart_count": self.restart_count,
+            "world_size": self.world_size,
+            "time": time.time(),
+        }
+        self._start_interval()
+        if self.is_writer:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+            if self.prometheus:
+                self.prometheus.update(record, real)
+            print(f"step {step} loss {loss:.4f} lr {lr:.3g} tok/s/gpu {per_gpu:,.0f} mfu {record['mfu']:.1%} "
+                  f"{record['step_time_s']:.3f}s/step mem {record['peak_mem_gib']:.2f}GiB", flush=True)
+        return record
+
+    def close(self) -> None:
+        if self._file:
+            self._file.close()
+        if self.prometheus:
+            self.prometheus.close()

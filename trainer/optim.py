@@ -1,0 +1,147 @@
+"""Optimizer, learning-rate schedule and the training step.
+
+- AdamW: the fused CUDA kernel on GPU, the foreach implementation on CPU. With
+  `training.bf16_optimizer_state` the moments are kept in bf16 (AdamWBf16State), halving optimizer
+  memory; the update itself is computed in fp32. Rounding to bf16 is round-to-nearest, so with
+  adam_beta2 close to 1 (0.999) small second-moment updates can be lost; the default 0.95 is safe.
+- Schedule: linear warm-up from lr/warmup_steps to lr, then cosine or linear decay to
+  lr * min_lr_ratio at the last step (or constant).
+- Step: gradient accumulation over micro-batches; the loss is the sum of token losses divided by
+  the number of trained (response) tokens of the whole global batch, so every token weighs the same
+  whatever the padding, the micro-batch split or the rank it lands on. Gradients are clipped on the
+  sharded DTensors (clip_grad_norm_ reduces the norm across ranks).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from trainer.config import TrainingConfig
+from trainer.data import Batch
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+class AdamWBf16State(torch.optim.Optimizer):
+    """AdamW (decoupled weight decay) with exp_avg and exp_avg_sq stored in bf16.
+
+    States are created like the parameters (DTensors under FSDP), so sharded checkpoints hold them
+    like torch.optim.AdamW's. The update runs per parameter on the local shard in fp32.
+    """
+
+    def __init__(self, params: Iterable, lr: float, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.0):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.tensor(0.0)
+                    state["exp_avg"] = torch.zeros_like(p, dtype=torch.bfloat16)
+                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.bfloat16)
+                state["step"] += 1
+                step = float(state["step"])
+                grad = _local(p.grad).float()
+                m_store, v_store = _local(state["exp_avg"]), _local(state["exp_avg_sq"])
+                m = m_store.float().lerp_(grad, 1 - beta1)
+                v = v_store.float().mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                m_store.copy_(m)
+                v_store.copy_(v)
+                denom = v.sqrt_().div_(math.sqrt(1 - beta2 ** step)).add_(eps)
+                param = _local(p)
+                if wd:
+                    param.mul_(1 - lr * wd)
+                param.addcdiv_(m, denom, value=-lr / (1 - beta1 ** step))
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainingConfig, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW with weight decay on matrices only (norm weights are not decayed)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    betas = (cfg.adam_beta1, cfg.adam_beta2)
+    if cfg.bf16_optimizer_state:
+        return AdamWBf16State(groups, lr=cfg.lr, betas=betas)
+    if device.type == "cuda":
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, fused=True)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, foreach=True)
+
+
+def lr_factor(step: int, cfg: TrainingConfig, total_steps: int) -> float:
+    """Multiplier of cfg.lr for optimizer step `step` (0-based: the first step is 0)."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.lr_schedule == "constant":
+        return 1.0
+    decay_steps = max(1, total_steps - cfg.warmup_steps - 1)
+    progress = min(1.0, (step - cfg.warmup_steps) / decay_steps)
+    if cfg.lr_schedule == "cosine":
+        shape = 0.5 * (1.0 + math.cos(math.pi * progress))
+    else:
+        shape = 1.0 - progress
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * shape
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainingConfig,
+                    total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg, total_steps))
+
+
+def total_steps(cfg: TrainingConfig, micro_batches_per_epoch: int) -> int:
+    """Optimizer steps of the run: max_steps, or num_epochs passes over the data."""
+    if cfg.max_steps:
+        return cfg.max_steps
+    return max(1, cfg.num_epochs * micro_batches_per_epoch // cfg.grad_accum_steps)
+
+
+@dataclass
+class StepResult:
+    loss: torch.Tensor  # mean loss per trained token over the global batch (0-dim, on device)
+    grad_norm: torch.Tensor  # global gradient norm before clipping
+    num_loss_tokens: torch.Tensor  # trained tokens in the global batch
+    num_real_tokens: torch.Tensor  # non-padding input tokens in the global batch
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batches: Sequence[Batch],
+               cfg: TrainingConfig, dp_size: int) -> StepResult:
+    """Forward/backward over the micro-batches, clip, optimizer step. Collective: all ranks call it.
+
+    Nothing here waits for the device: the results stay tensors until the caller reads them.
+    """
+    device = micro_batches[0].input_ids.device
+    counts = torch.tensor([sum(b.num_loss_tokens for b in micro_batches),
+                           sum(b.num_real_tokens for b in micro_batches)], dtype=torch.int64, device=device)
+    dist.all_reduce(counts)
+    num_loss_tokens = counts[0].clamp(min=1)
+    # FSDP averages gradients over the dp_size ranks; scaling by dp_size / count turns that average
+    # into the sum over all trained tokens divided by their number.
+    scale = dp_size / num_loss_tokens
+    loss_sum = torch.zeros((), dtype=torch.float32, device=device)
+    for batch in micro_batches:
+        loss = model(batch.input_ids, batch.targets, batch.loss_index, loss_impl=cfg.loss_impl,
+                     loss_chunk_size=cfg.loss_chunk_size)
+        (loss * scale).backward()
+        loss_sum += loss.detach()
+    params = [p for p in model.parameters() if p.grad is not None]
+    max_norm = cfg.grad_clip_norm if cfg.grad_clip_norm > 0 else math.inf
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+    if isinstance(grad_norm, DTensor):
+        grad_norm = grad_norm.full_tensor()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    dist.all_reduce(loss_sum)
+    return StepResult(loss=loss_sum / num_loss_tokens, grad_norm=grad_norm,
+                      num_loss_tokens=counts[0], num_real_tokens=counts[1])

@@ -1,0 +1,108 @@
+"""Process group, device mesh and the FSDP2 wrapping of the model.
+
+`parallelize` applies, in this fixed order (each step wraps what the previous one produced):
+1. activation checkpointing per decoder layer (none / full / selective every Nth layer);
+2. torch.compile per decoder layer (GPU only), so the compiled region contains the checkpointed block;
+3. fully_shard per decoder layer, then the root (embeddings, final norm, lm_head).
+Checkpointing must come first: FSDP's hooks then sit outside the checkpointed region and the
+recomputation in backward reuses the already gathered parameters.
+
+The seed's strategy names map onto FSDP2 like this:
+- FULL_SHARD: 1-D mesh over all ranks, parameters resharded after forward (gathered again in backward).
+- SHARD_GRAD_OP: same mesh, parameters kept gathered from forward to backward (more memory, less traffic).
+- HYBRID_SHARD: 2-D mesh (replicate, shard); each shard group (default: one node) shards the model,
+  the groups replicate it; gradients are reduce-scattered within and all-reduced across groups.
+- NO_SHARD: 2-D mesh (world, 1): every rank holds the whole model, gradients are all-reduced (DDP).
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from trainer.config import ParallelismConfig, check_topology
+
+
+def init_distributed(local_rank: int) -> torch.device:
+    """Join the process group torchrun set up (env://) and pick this rank's device."""
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        # gloo beside NCCL serves CPU-side collectives (object broadcasts, barriers of checkpointing).
+        dist.init_process_group("cpu:gloo,cuda:nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    return device
+
+
+def build_mesh(cfg: ParallelismConfig, world_size: int, local_world_size: int, device_type: str) -> DeviceMesh:
+    """The data-parallel mesh for the strategy; every rank is a data-parallel rank in all of them."""
+    if cfg.sharding_strategy in ("FULL_SHARD", "SHARD_GRAD_OP"):
+        return init_device_mesh(device_type, (world_size,), mesh_dim_names=("shard",))
+    if cfg.sharding_strategy == "HYBRID_SHARD":
+        group = check_topology(cfg, world_size, local_world_size)
+        return init_device_mesh(device_type, (world_size // group, group), mesh_dim_names=("replicate", "shard"))
+    return init_device_mesh(device_type, (world_size, 1), mesh_dim_names=("replicate", "shard"))
+
+
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    return model.model.layers
+
+
+def apply_activation_checkpointing(model: torch.nn.Module, mode: str, every: int) -> None:
+    """Wrap decoder layers so their activations are recomputed in backward instead of stored."""
+    if mode == "none":
+        return
+    layers = decoder_layers(model)
+    for i, layer in enumerate(layers):
+        # selective: every Nth layer (the Nth, 2Nth, ...) trades recomputation for memory.
+        if mode == "full" or (i + 1) % every == 0:
+            layers[i] = checkpoint_wrapper(layer, preserve_rng_state=False)
+
+
+def apply_compile(model: torch.nn.Module, enabled: bool, device_type: str) -> None:
+    """torch.compile each decoder layer: identical blocks share one compiled graph."""
+    if not enabled:
+        return
+    if device_type != "cuda":
+        warnings.warn("parallelism.compile is ignored on CPU")
+        return
+    for layer in decoder_layers(model):
+        layer.compile()
+
+
+def apply_fsdp(model: torch.nn.Module, cfg: ParallelismConfig, mesh: DeviceMesh) -> None:
+    """fully_shard every decoder layer, then the root."""
+    if cfg.precision == "bf16":
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    else:
+        mp = MixedPrecisionPolicy()
+    # NO_SHARD has one rank per shard group, so there is nothing to reshard.
+    reshard = cfg.sharding_strategy in ("FULL_SHARD", "HYBRID_SHARD")
+    layers = decoder_layers(model)
+    for i, layer in enumerate(layers):
+        last = i == len(layers) - 1
+        fully_shard(layer, mesh=mesh, mp_policy=mp,
+                    reshard_after_forward=reshard and (cfg.reshard_last_layer or not last))
+    # The root's parameters are needed first in backward: keep them gathered.
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+    if cfg.prefetch and len(layers) > 1:
+        # Issue the next layer's all-gather when the current one starts, in both directions.
+        for i, layer in enumerate(layers):
+            if i + 1 < len(layers):
+                layer.set_modules_to_forward_prefetch([layers[i + 1]])
+            if i > 0:
+                layer.set_modules_to_backward_prefetch([layers[i - 1]])
+
+
+def parallelize(model: torch.nn.Module, cfg: ParallelismConfig, mesh: DeviceMesh) -> torch.nn.Module:
+    """Checkpointing -> compile -> FSDP, on the meta-device model; returns the same module."""
+    apply_activation_checkpointing(model, cfg.activation_checkpointing, cfg.selective_ac_every)
+    apply_compile(model, cfg.compile, mesh.device_type)
+    apply_fsdp(model, cfg, mesh)
+    return model

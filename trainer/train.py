@@ -1,0 +1,239 @@
+"""Fine-tune a Llama model with FSDP2: the training entry point.
+
+Run from the repository root; torchrun starts one process per rank and sets RANK, WORLD_SIZE,
+LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT, which are all the trainer reads:
+
+    # CPU, 2 ranks, gloo: the tiny model on the shipped data, in seconds
+    torchrun --nproc_per_node=2 -m trainer.train --config trainer/configs/tiny.yaml
+
+    # one node, 8 GPUs, with command-line overrides (defaults < file < overrides)
+    torchrun --nproc_per_node=8 -m trainer.train --config trainer/configs/llama2-7b.yaml \\
+        training.max_steps=200 parallelism.sharding_strategy=HYBRID_SHARD
+
+    # two nodes through the cluster's etcd rendezvous, restarting failed workers from the last checkpoint
+    torchrun --nnodes=2 --nproc_per_node=8 --max-restarts=3 --rdzv-backend=etcd \\
+        --rdzv-endpoint=etcd.fsdp-system.svc.cluster.local:2379 --rdzv-id=llama2-7b-run \\
+        -m trainer.train --config /etc/fsdp/train.yaml
+
+    # one process without torchrun (debugging)
+    python -m trainer.train --config trainer/configs/tiny.yaml
+
+Exit status: 0 when done; 2 for a bad config or input, with one line `error: <key>: <message>` on
+stderr from rank 0 (config, topology and file checks run before torch is imported and before any
+process group exists). Any other failure is a crash with a traceback. A restarted or re-launched
+job resumes from the newest complete checkpoint in checkpoint.dir (checkpoint.resume=true).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+import sys
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from trainer.config import ConfigError, TrainConfig, check_topology, load_config, to_dict
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """The launch topology, from torchrun's environment only (works for c10d and etcd rendezvous)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] = os.environ) -> "DistEnv":
+        values = {}
+        for name, default in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
+                              ("LOCAL_WORLD_SIZE", environ.get("WORLD_SIZE", "1"))):
+            raw = environ.get(name, default)
+            if not raw.isdigit():
+                raise ConfigError(name, f"environment variable is {raw!r}; launch with torchrun")
+            values[name] = int(raw)
+        return cls(values["RANK"], values["WORLD_SIZE"], values["LOCAL_RANK"], values["LOCAL_WORLD_SIZE"])
+
+
+def preflight(cfg: TrainConfig, env: DistEnv) -> None:
+    """Checks that need no torch: topology against the launch, input files, model source."""
+    from trainer.catalog import MODELS
+
+    check_topology(cfg.parallelism, env.world_size, env.local_world_size)
+    if cfg.data.format != "synthetic" and not os.path.isfile(cfg.data.path):
+        raise ConfigError("data.path", f"file {cfg.data.path} not found; point data.path at a JSON or JSONL "
+                          "file (relative paths start at the working directory)")
+    if not cfg.model.path:
+        if cfg.model.name not in MODELS:
+            raise ConfigError("model.name", f"unknown architecture {cfg.model.name!r}; use one of "
+                              f"{', '.join(sorted(MODELS))} or set model.path")
+    elif os.path.isdir(cfg.model.path):
+        if not os.path.isfile(os.path.join(cfg.model.path, "config.json")):
+            raise ConfigError("model.path", f"{cfg.model.path} has no config.json; point it at a Hugging "
+                              "Face checkpoint directory")
+    elif cfg.model.path.startswith((".", "/")) or not HUB_ID.match(cfg.model.path):
+        raise ConfigError("model.path", f"directory {cfg.model.path} not found; give a checkpoint directory "
+                          "or a hub id such as meta-llama/Llama-2-7b-hf")
+
+
+def train(cfg: TrainConfig, env: DistEnv) -> None:
+    """The whole run; every rank executes it (collective)."""
+    # Heavy imports only now, so that config errors above are reported in well under a second.
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from trainer import model as modeling
+    from trainer.catalog import MODELS, peak_flops_for
+    from trainer.checkpoint import Checkpointer
+    from trainer.data import ShardedSampler, build_dataset, load_tokenizer
+    from trainer.metrics import MetricsLogger, host_memory_probe
+    from trainer.optim import build_optimizer, build_scheduler, total_steps, train_step
+    from trainer.parallelize import build_mesh, init_distributed, parallelize
+
+    say = print if env.rank == 0 else (lambda *a, **k: None)
+
+    # 1. Process group and device; the model source (a hub id is downloaded once per node).
+    device = init_distributed(env.local_rank)
+    torch.manual_seed(cfg.training.seed + env.rank)
+    model_dir = modeling.resolve_model_dir(cfg.model) if env.local_rank == 0 else ""
+    dist.barrier()
+    if env.local_rank != 0:
+        model_dir = modeling.resolve_model_dir(cfg.model, local_files_only=True)
+
+    # 2. Model: meta device -> checkpointing/compile/FSDP -> this rank's shards -> weights.
+    model = modeling.build_model(cfg.model, model_dir)
+    mesh = build_mesh(cfg.parallelism, env.world_size, env.local_world_size, device.type)
+    parallelize(model, cfg.parallelism, mesh)
+    probe = host_memory_probe()
+    t_load = time.perf_counter()
+    modeling.materialize(model, device)
+    if model_dir:
+        modeling.load_weights(model, model_dir)
+    else:
+        modeling.init_random_weights(model, cfg.model.init_seed)
+    load = {"source": model_dir or f"random init of {cfg.model.name}", "seconds": time.perf_counter() - t_load,
+            "host_peak_delta_bytes": probe()}
+    stats = torch.tensor([load["host_peak_delta_bytes"]], dtype=torch.int64, device=device)
+    dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+    load["host_peak_delta_bytes_max_rank"] = int(stats.item())
+    arch = modeling.architecture(model.config, cfg.model.name)
+    say(f"model: {modeling.describe(model)}; loaded from {load['source']} in {load['seconds']:.1f}s")
+    if model_dir and cfg.model.name in MODELS and MODELS[cfg.model.name].num_params != arch.num_params:
+        say(f"warning: model.name {cfg.model.name} does not match the checkpoint's architecture; "
+            "MFU uses the checkpoint's")
+
+    # 3. Data: tokenised rows and this rank's resumable sampler.
+    tokenizer = None if cfg.data.format == "synthetic" else load_tokenizer(model_dir, model.config.vocab_size)
+    dataset = build_dataset(cfg.data, tokenizer, model.config.vocab_size, cfg.training.seed)
+    sampler = ShardedSampler(len(dataset), cfg.training.batch_size_per_gpu, env.rank, env.world_size,
+                             cfg.training.seed)
+    steps = total_steps(cfg.training, sampler.micro_batches_per_epoch)
+    say(f"data: {dataset.num_examples} examples -> {len(dataset)} rows of {cfg.data.seq_len} tokens, "
+        f"padding {dataset.padding_fraction:.1%}, truncated {dataset.num_truncated}; {steps} steps")
+
+    # 4. Optimizer, schedule, checkpoints (resume from the newest complete one), metrics.
+    optimizer = build_optimizer(model, cfg.training, device)
+    scheduler = build_scheduler(optimizer, cfg.training, steps)
+    checkpointer = Checkpointer(cfg.checkpoint, to_dict(cfg))
+    peak_flops = cfg.metrics.peak_flops or (peak_flops_for(torch.cuda.get_device_name(device))
+                                            if device.type == "cuda" else 0.0)
+    metrics = MetricsLogger(cfg.metrics, is_writer=env.rank == 0, world_size=env.world_size, device=device,
+                            seq_len=cfg.data.seq_len, flops_per_token=arch.flops_per_token(cfg.data.seq_len),
+                            peak_flops=peak_flops,
+                            info={"model": cfg.model.name, "strategy": cfg.parallelism.sharding_strategy,
+                                  "precision": cfg.parallelism.precision})
+    start_step = 0
+    resume_path = checkpointer.latest()
+    if resume_path:
+        state = checkpointer.load(resume_path, model, optimizer)
+        scheduler.load_state_dict(state["scheduler"])
+        sampler.load_state_dict(state["data"])
+        metrics.load_state_dict(state["metrics"])
+        start_step = state["step"]
+        say(f"resumed from {resume_path} at step {start_step}")
+    metrics.write_run_info({
+        "config": to_dict(cfg), "world_size": env.world_size, "local_world_size": env.local_world_size,
+        "mesh": dict(zip(mesh.mesh_dim_names, mesh.shape)), "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "num_params": arch.num_params, "flops_per_token": arch.flops_per_token(cfg.data.seq_len),
+        "peak_flops": peak_flops, "load": load, "total_steps": steps, "resumed_from": resume_path,
+        "restart_count": metrics.restart_count,
+        "dataset": {"examples": dataset.num_examples, "rows": len(dataset),
+                    "padding_fraction": dataset.padding_fraction, "truncated": dataset.num_truncated},
+        "versions": {"python": sys.version.split()[0], "torch": torch.__version__,
+                     "transformers": __import__("transformers").__version__,
+                     "cuda": torch.version.cuda, "nccl": ".".join(map(str, torch.cuda.nccl.version()))
+                     if device.type == "cuda" else None},
+    })
+
+    # 5. The loop: one optimizer step per iteration, over grad_accum_steps micro-batches.
+    accum = cfg.training.grad_accum_steps
+    global_rows = cfg.training.batch_size_per_gpu * env.world_size * accum
+    model.train()
+    metrics.restart_clock()
+    for step in range(start_step + 1, steps + 1):
+        micro_batches = [dataset.batch(sampler.next_rows()).to(device) for _ in range(accum)]
+        lr = scheduler.get_last_lr()[0]
+        result = train_step(model, optimizer, micro_batches, cfg.training, env.world_size)
+        scheduler.step()
+        metrics.step_done(step, result, lr=lr, num_samples=global_rows, data_state=sampler.state_dict())
+        if checkpointer.due(step, steps):
+            t_save = time.perf_counter()
+            path = checkpointer.save(step, model, optimizer, {
+                "data": sampler.state_dict(), "scheduler": scheduler.state_dict(),
+                "metrics": metrics.state_dict()})
+            metrics.exclude(time.perf_counter() - t_save)
+            say(f"checkpoint: {path} ({time.perf_counter() - t_save:.1f}s)")
+
+    # 6. Optional consolidated Hugging Face export, then leave the process group.
+    if cfg.checkpoint.export_dir:
+        dtype = torch.bfloat16 if cfg.parallelism.precision == "bf16" else torch.float32
+        modeling.export_hf(model, cfg.checkpoint.export_dir, dtype=dtype, model_dir=model_dir)
+        say(f"export: {cfg.checkpoint.export_dir}")
+    metrics.close()
+    dist.destroy_process_group()
+
+
+def _single_process_defaults() -> None:
+    """Let `python -m trainer.train` run as a one-rank job without torchrun."""
+    if "MASTER_ADDR" in os.environ:
+        return
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1",
+                      LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+
+
+def _fail(err: ConfigError, env_rank: int) -> int:
+    if env_rank == 0:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+    return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer.train",
+                                     description="Fine-tune a Llama model with FSDP2 (launch with torchrun).")
+    parser.add_argument("--config", required=True, help="YAML config file (see trainer/configs/)")
+    parser.add_argument("overrides", nargs="*", metavar="key.path=value", help="e.g. training.max_steps=10")
+    args = parser.parse_args(argv)
+    rank = int(os.environ.get("RANK", "0")) if os.environ.get("RANK", "0").isdigit() else 0
+    try:
+        env = DistEnv.from_environ()
+        cfg = load_config(args.config, args.overrides)
+        preflight(cfg, env)
+        _single_process_defaults()
+        train(cfg, env)
+    except ConfigError as err:
+        return _fail(err, rank)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
