@@ -108,6 +108,9 @@ def test_a_new_tag_round_trips_through_the_generator_without_a_diff(tmp_path):
         if (REPO / rel).is_file():
             (copy / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / rel, copy / rel)
+    expand = [sys.executable, str(copy / "generators" / "expand.py"), str(copy / "matrix.yaml"), "--check"]
+    before = subprocess.run(expand, cwd=copy, capture_output=True, text=True, check=False)
+    assert before.returncode == 0, "overlays/ is stale before any tag change:\n" + before.stdout + before.stderr
     job = copy / "base" / "pytorchjob" / "pytorchjob.yaml"
     repository = job_image().rpartition(":")[0]
     new_image = f"{repository}:9.8.7"
@@ -125,8 +128,7 @@ def test_a_new_tag_round_trips_through_the_generator_without_a_diff(tmp_path):
     assert after_doc == before_doc
 
     # Overlays never set the image, so regenerating them changes nothing ...
-    check = subprocess.run([sys.executable, str(copy / "generators" / "expand.py"), str(copy / "matrix.yaml"), "--check"],
-                           cwd=copy, capture_output=True, text=True, check=False)
+    check = subprocess.run(expand, cwd=copy, capture_output=True, text=True, check=False)
     assert check.returncode == 0, check.stdout + check.stderr
     assert not [p for p in (copy / "overlays").rglob("*.yaml") if repository in p.read_text()]
     # ... and every run built from them picks up the new tag.
