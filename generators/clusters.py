@@ -3,7 +3,8 @@
 For a cluster `<c>` of the matrix, paths relative to the output directory (overlays/):
 
     clusters/<c>/sources.yaml          GitRepository fsdp-gitops: this repository, the matrix's url/branch
-    clusters/<c>/infrastructure.yaml   Kustomizations infra-controllers -> infra-configs -> secrets
+    clusters/<c>/infrastructure.yaml   Kustomizations infra-controllers -> infra-configs -> secrets,
+                                       and image-automation (base/image-automation, on its own)
     clusters/<c>/experiments.yaml      one Kustomization run-<run> per run (absent when <c> has no runs)
     infrastructure/<c>/controllers/    base/infrastructure/controllers + GPU instance-type patches
     infrastructure/<c>/configs/        base/infrastructure/configs + run Namespace + PVC fsdp-shared
@@ -20,6 +21,10 @@ pull in the rest, in this order (each `dependsOn` waits for the Ready condition 
                         on first use stays Pending until a run mounts it, so waiting would deadlock.
     secrets             base/secrets/<c> (SOPS-encrypted Secret hf-token), decrypted by
                         kustomize-controller with the age key in Secret flux-system/sops-age.
+    image-automation    base/image-automation: Flux writes new trainer image tags into base/pytorchjob.
+                        Independent of the chain; it needs the image controllers that
+                        `flux bootstrap --components-extra=image-reflector-controller,image-automation-controller`
+                        installs, and a repository URL Flux may push to (ssh:// with the bootstrap key).
     run-<run>           one per run, after infra-configs; wait: false because a PyTorchJob has no
                         status Flux can read as "ready" before it finishes, and a job runs for hours:
                         Ready means "applied", the Training Operator reports progress. One
@@ -28,6 +33,9 @@ pull in the rest, in this order (each `dependsOn` waits for the Ready condition 
 Every Kustomization has prune: true, so removing a run from the matrix (and regenerating) deletes
 its Kustomization and, through it, its PyTorchJob and ConfigMap. The namespace and the PVC carry
 `kustomize.toolkit.fluxcd.io/prune: disabled`: checkpoints outlive any change to the tree.
+
+Paths assume the output directory is overlays/ at the repository root: Flux paths are
+./overlays/... from the repository root and the overlays reach base/ as ../../../../base.
 
 GPU-node contract (base/node-tools, base/monitoring/controllers/dcgm-exporter.yaml): each GPU
 workload has one nodeSelectorTerm whose first matchExpression is the instance-type list; the
@@ -143,7 +151,7 @@ def flux_kustomization(name: str, path: str, *, depends_on: Sequence[str], wait:
 
 
 def infrastructure_kustomizations(c: str) -> list[dict[str, Any]]:
-    """infra-controllers -> infra-configs -> secrets (see the module docstring for wait/timeouts)."""
+    """infra-controllers -> infra-configs -> secrets, and image-automation (see the module docstring)."""
     return [
         # kube-prometheus-stack's first install takes several minutes; the timeout covers it.
         flux_kustomization("infra-controllers", f"./overlays/infrastructure/{c}/controllers", depends_on=(),
@@ -153,6 +161,9 @@ def infrastructure_kustomizations(c: str) -> list[dict[str, Any]]:
         # After infra-configs: the Secret goes into the run namespace that infra-configs creates.
         flux_kustomization("secrets", f"./base/secrets/{c}", depends_on=("infra-configs",), wait=False,
                            interval="1h", timeout="2m", decrypt=True),
+        # Needs only Flux's image controllers (flux bootstrap --components-extra); nothing waits on it.
+        flux_kustomization("image-automation", "./base/image-automation", depends_on=(), wait=False,
+                           interval="1h", timeout="2m"),
     ]
 
 

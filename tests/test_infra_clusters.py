@@ -85,8 +85,8 @@ def test_rendered_clusters_validate_with_their_flux_graph(tree: tuple[Path, matr
     root, _ = tree
     report = v.validate(root, crd_dir=v.default_crd_dir())
     assert report.problems == [], "\n".join(map(str, report.problems))
-    # 2 clusters x (3 infrastructure + runs) + the Training Operator's own Kustomization, per cluster.
-    assert report.num_flux_kustomizations == 2 * 3 + 4 + 2
+    # 2 clusters x 4 infrastructure, 4 runs, and the Training Operator's own Kustomization per cluster.
+    assert report.num_flux_kustomizations == 2 * 4 + 4 + 2
 
 
 def test_the_flux_graph_check_can_fail_on_a_missing_secrets_folder(tmp_path: Path) -> None:
@@ -101,6 +101,8 @@ def test_infrastructure_chain_is_controllers_configs_secrets(tree: tuple[Path, m
     root, _ = tree
     docs = load_all(root / "overlays/clusters/fsdp-p5/infrastructure.yaml")
     by_name = {d["metadata"]["name"]: d["spec"] for d in docs}
+    images = by_name.pop("image-automation")
+    assert images["path"] == "./base/image-automation" and "dependsOn" not in images
     assert list(by_name) == ["infra-controllers", "infra-configs", "secrets"]
     assert "dependsOn" not in by_name["infra-controllers"]
     assert by_name["infra-configs"]["dependsOn"] == [{"name": "infra-controllers"}]
