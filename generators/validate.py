@@ -48,8 +48,9 @@ if __package__ in (None, ""):  # run as `python generators/validate.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from generators.manifests import (  # noqa: E402
-    FLUX_KUSTOMIZATION, FLUX_SOURCE_GROUP, HELM_RELEASE, Doc, Problem, SafeLoader, gvk, is_manifest, load_documents,
+    FLUX_KUSTOMIZATION, Doc, Problem, SafeLoader, gvk, is_manifest, load_documents,
     meta, norm, obj_name, under, yaml_error)
+from generators.fluxgraph import check_flux  # noqa: E402
 from generators.semantics import check_semantics  # noqa: E402
 from generators.tools import REPO_ROOT, ToolNotFoundError, tool  # noqa: E402
 
@@ -80,7 +81,6 @@ NON_CLUSTER_SCHEMAS: dict[tuple[str, str], str | None] = {
     # the schema eksctl publishes with its release.
     ("eksctl.io/v1alpha5", "ClusterConfig"): "eksctl/clusterconfig_v1alpha5.json",
 }
-
 
 
 class UsageError(Exception):
@@ -240,6 +240,18 @@ class Repo:
         if d not in self.builds:
             self.builds[d] = self.build(d, kustomize)
         return self.builds[d]
+
+    def plain_dir_docs(self, d: str, kustomize: str) -> list[Doc]:
+        """What kustomize-controller applies from a directory without a kustomization file: the objects
+        of every YAML file in it and, recursively, of its subdirectories (built where they are
+        kustomizations)."""
+        out: list[Doc] = []
+        for f in self.yaml_files:
+            if norm(str(PurePosixPath(f).parent)) == d:
+                out += [x for x in self.docs.get(f, []) if is_manifest(x.data)]
+        for sub in sorted(x for x in self.dirs if x != d and norm(str(PurePosixPath(x).parent)) == d):
+            out += self.get_build(sub, kustomize).docs if sub in self.kfiles else self.plain_dir_docs(sub, kustomize)
+        return out
 
     def origin(self, build: Build, kind: str, name: str, paths: Sequence[Sequence[str]] = ()) -> str:
         """The input file an object of a build most likely comes from.
@@ -430,203 +442,6 @@ def _kubeconform_message(msg: str) -> str:
     if text.startswith("could not find schema for"):
         text += " (no core or CRD schema for this apiVersion/kind: check the apiVersion, or add the CRD schema)"
     return "kubeconform: " + " ".join(text.split())
-
-
-# -------------------------------------------------------------------------------------- 4. Flux graph
-
-@dataclass
-class FluxObject:
-    doc: Doc
-    owner: str  # the Kustomization (or bootstrap directory) that applies it
-
-    @property
-    def data(self) -> dict:
-        return self.doc.data
-
-    @property
-    def ns(self) -> str:
-        return meta(self.data, "namespace") or "default"
-
-    @property
-    def label(self) -> str:
-        return obj_name(self.data)
-
-
-def object_id(data: dict, default_ns: str = "") -> tuple[str, str, str, str]:
-    group, kind = gvk(data)
-    return group, kind, meta(data, "namespace") or default_ns, meta(data, "name")
-
-
-def plain_dir_docs(repo: Repo, d: str, kustomize: str, problems: list[Problem], seen: set[str] | None = None
-                   ) -> list[Doc]:
-    """What kustomize-controller applies from a directory without a kustomization file: the objects of
-    every YAML file in it and, recursively, of its subdirectories (builds where they are kustomizations)."""
-    out: list[Doc] = []
-    for f in repo.yaml_files:
-        parent = norm(str(PurePosixPath(f).parent))
-        if parent == d:
-            out += [x for x in repo.docs.get(f, []) if is_manifest(x.data)]
-    subdirs = sorted({x for x in repo.dirs if x != d and under(x, d) and norm(str(PurePosixPath(x).parent)) == d})
-    for s in subdirs:
-        if s in repo.kfiles:
-            b = repo.get_build(s, kustomize)
-            out += b.docs
-        else:
-            out += plain_dir_docs(repo, s, kustomize, problems)
-    return out
-
-
-def check_flux(repo: Repo, roots: Sequence[str], kustomize: str) -> tuple[list[Problem], int]:
-    """The Flux graph of each bootstrap directory; (problems, number of Flux Kustomizations)."""
-    problems: list[Problem] = []
-    total = 0
-    for root_dir in roots:
-        p, n = _check_flux_root(repo, root_dir, kustomize)
-        problems += p
-        total += n
-    return problems, total
-
-
-def _check_flux_root(repo: Repo, root_dir: str, kustomize: str) -> tuple[list[Problem], int]:
-    problems: list[Problem] = []
-    bootstrap = f"the bootstrap directory {root_dir}"
-    objects: list[FluxObject] = [FluxObject(d, bootstrap) for d in plain_dir_docs(repo, root_dir, kustomize, problems)]
-    # Sources declared in the bootstrap directory are this repository; sources that the synced
-    # overlays declare point at other repositories, whose paths cannot be checked from here.
-    local_sources = {object_id(o.data, o.ns) for o in objects if gvk(o.data)[0] == FLUX_SOURCE_GROUP}
-
-    def sources() -> dict[tuple[str, str, str, str], FluxObject]:
-        return {object_id(o.data, o.ns): o for o in objects if gvk(o.data)[0] == FLUX_SOURCE_GROUP}
-
-    done: set[int] = set()
-    owned: dict[str, list[Doc]] = {bootstrap: [o.doc for o in objects]}
-    i = 0
-    while i < len(objects):
-        o = objects[i]
-        i += 1
-        if gvk(o.data) != FLUX_KUSTOMIZATION or id(o) in done:
-            continue
-        done.add(id(o))
-        spec = o.data.get("spec") or {}
-        ref = spec.get("sourceRef") or {}
-        src_id = (FLUX_SOURCE_GROUP, str(ref.get("kind") or ""), str(ref.get("namespace") or o.ns), str(ref.get("name") or ""))
-        if src_id not in sources():
-            problems.append(Problem(o.doc.file, o.doc.line, o.label,
-                                    f"sourceRef {src_id[1]}/{src_id[2]}/{src_id[3]} is not defined in {root_dir} "
-                                    "or in what it applies; define the source or fix the reference"))
-            continue
-        if src_id not in local_sources:
-            continue
-        path = str(spec.get("path") or "./")
-        d = norm(path.lstrip("/"))
-        if d.startswith(".."):
-            problems.append(Problem(o.doc.file, o.doc.line, o.label, f"spec.path {path} leaves the repository"))
-            continue
-        if d not in repo.dirs:
-            problems.append(Problem(o.doc.file, o.doc.line, o.label,
-                                    f"spec.path {path} does not exist in the repository; fix the path or generate the overlay"))
-            continue
-        if d in repo.kfiles:
-            if repo.is_component(d):
-                problems.append(Problem(o.doc.file, o.doc.line, o.label, f"spec.path {path} is a kustomize Component, which cannot be applied alone"))
-                continue
-            b = repo.get_build(d, kustomize)
-            if b.error:
-                problems.append(Problem(o.doc.file, o.doc.line, o.label, f"spec.path {path} does not build: {b.error}"))
-                continue
-            docs = b.docs
-        else:
-            docs = plain_dir_docs(repo, d, kustomize, problems)
-        target_ns = spec.get("targetNamespace")
-        if target_ns:
-            docs = [Doc({**x.data, "metadata": {**(x.data.get("metadata") or {}), "namespace": target_ns}}, x.file, x.line)
-                    if isinstance(x.data, dict) and meta(x.data, "namespace") else x for x in docs]
-        owned[f"Kustomization {o.ns}/{meta(o.data, 'name')}"] = docs
-        objects += [FluxObject(x, o.label) for x in docs if gvk(x.data)[0].endswith(".toolkit.fluxcd.io")]
-
-    kustomizations = {}
-    for o in objects:
-        if gvk(o.data) == FLUX_KUSTOMIZATION:
-            key = (o.ns, meta(o.data, "name"))
-            if key in kustomizations and kustomizations[key].doc != o.doc:
-                problems.append(Problem(o.doc.file, o.doc.line, o.label, f"defined twice (also in {kustomizations[key].doc.file})"))
-            kustomizations.setdefault(key, o)
-    releases = {(o.ns, meta(o.data, "name")): o for o in objects if gvk(o.data) == HELM_RELEASE}
-    srcs = sources()
-
-    for graph, kind in ((kustomizations, "Kustomization"), (releases, "HelmRelease")):
-        edges: dict[tuple[str, str], list[tuple[str, str]]] = {}
-        for key, o in graph.items():
-            edges[key] = []
-            for dep in (o.data.get("spec") or {}).get("dependsOn") or []:
-                if not isinstance(dep, dict):
-                    continue
-                target = (str(dep.get("namespace") or o.ns), str(dep.get("name") or ""))
-                if target not in graph:
-                    problems.append(Problem(o.doc.file, o.doc.line, o.label,
-                                            f"dependsOn {kind} {target[0]}/{target[1]} does not exist in {root_dir} "
-                                            "or in what it applies; fix the name or remove the dependency"))
-                else:
-                    edges[key].append(target)
-        for cycle in find_cycles(edges):
-            o = graph[cycle[0]]
-            problems.append(Problem(o.doc.file, o.doc.line, o.label,
-                                    "dependsOn cycle: " + " -> ".join(f"{k[1]}" for k in cycle + [cycle[0]])
-                                    + "; remove one of these dependencies"))
-
-    for o in releases.values():
-        spec = o.data.get("spec") or {}
-        refs = []
-        chart_ref = ((spec.get("chart") or {}).get("spec") or {}).get("sourceRef")
-        for r in (chart_ref, spec.get("chartRef")):
-            if isinstance(r, dict):
-                refs.append((FLUX_SOURCE_GROUP, str(r.get("kind") or ""), str(r.get("namespace") or o.ns), str(r.get("name") or "")))
-        for r in refs:
-            if r not in srcs:
-                problems.append(Problem(o.doc.file, o.doc.line, o.label,
-                                        f"chart source {r[1]}/{r[2]}/{r[3]} is not defined in {root_dir} or in what it applies"))
-
-    appliers: dict[tuple[str, str, str, str], list[tuple[str, Doc]]] = {}
-    for owner, docs in owned.items():
-        for x in docs:
-            if isinstance(x.data, dict):
-                appliers.setdefault(object_id(x.data), []).append((owner, x))
-    for oid, users in appliers.items():
-        if len(users) > 1:
-            x = users[0][1]
-            who = sorted({u for u, _ in users})
-            what = "applied twice by " + who[0] if len(who) == 1 else "applied by both " + " and ".join(who)
-            problems.append(Problem(x.file, x.line, obj_name(x.data), f"{what}; keep it in one place"))
-    return problems, len(kustomizations)
-
-
-def find_cycles(edges: Mapping[Any, Sequence[Any]]) -> list[list[Any]]:
-    """Each elementary cycle found by a depth-first search, once, starting at its smallest node."""
-    cycles: list[list[Any]] = []
-    seen_cycles: set[tuple[Any, ...]] = set()
-    state: dict[Any, int] = {}
-    stack: list[Any] = []
-
-    def visit(n: Any) -> None:
-        state[n] = 1
-        stack.append(n)
-        for m in edges.get(n, ()):
-            if state.get(m) == 1:
-                cyc = stack[stack.index(m):]
-                k = cyc.index(min(cyc))
-                cyc = cyc[k:] + cyc[:k]
-                if tuple(cyc) not in seen_cycles:
-                    seen_cycles.add(tuple(cyc))
-                    cycles.append(cyc)
-            elif m not in state:
-                visit(m)
-        stack.pop()
-        state[n] = 2
-
-    for n in sorted(edges):
-        if n not in state:
-            visit(n)
-    return cycles
 
 
 # ------------------------------------------------------------------------------------------- pipeline
