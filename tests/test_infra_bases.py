@@ -254,3 +254,17 @@ def test_an_undocumented_privilege_would_be_caught() -> None:
     rows = [line for line in readme.splitlines() if line.startswith("|")]
     assert {"SYS_PTRACE", "hostNetwork: true"} <= kept
     assert not any("SYS_PTRACE" in r or "hostNetwork: true" in r for r in rows)
+
+
+def test_node_tools_image_is_built_from_a_linted_pinned_dockerfile() -> None:
+    dockerfile = REPO_ROOT / "base" / "node-tools" / "image" / "Dockerfile"
+    lint = subprocess.run([tool("hadolint"), str(dockerfile)], capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    text = dockerfile.read_text()
+    assert re.search(r"^FROM ubuntu:\d+\.\d+$", text, re.M)
+    assert re.search(r"htop=\S+", text) and re.search(r"nvtop=\S+", text)
+    images = {find(build("base/node-tools"), "DaemonSet", n)["spec"]["template"]["spec"]["containers"][0]["image"]
+              for n in ("htop", "nvtop")}
+    (image,) = images
+    # The build command in the Dockerfile names the tag the DaemonSets run.
+    assert f"docker build -t {image} " in text
