@@ -87,6 +87,10 @@ class UsageError(Exception):
     """Bad command-line input or a missing prerequisite; the CLI exits 2."""
 
 
+class ToolError(RuntimeError):
+    """A tool failed in a way that says nothing about the repository; the CLI exits 1."""
+
+
 @dataclass
 class Build:
     """The output of `kustomize build` of one directory."""
@@ -100,6 +104,8 @@ class Build:
 
 @dataclass
 class Report:
+    """What a validation found, and how much it looked at."""
+
     problems: list[Problem]
     num_yaml_files: int = 0
     num_builds: int = 0
@@ -271,15 +277,28 @@ class Repo:
             dirs, files = self.local_refs(d)
             own = [f for f in self.yaml_files if norm(str(PurePosixPath(f).parent)) == d] + files
             candidates += [x for f in own for x in self.docs.get(f, [])
-                           if isinstance(x.data, dict) and x.data.get("kind") == kind]
+                           if (isinstance(x.data, dict) and x.data.get("kind") == kind) or _is_json_patch(x.data)]
             queue.extend(dirs)
         for x in candidates:
-            if any(_has_path(x.data, p) for p in paths):
+            if any(_holds(x.data, p) for p in paths):
                 return x.file
-        return next((x.file for x in candidates if meta(x.data, "name") == name), build.file)
+        return next((x.file for x in candidates if isinstance(x.data, dict) and meta(x.data, "name") == name),
+                    build.file)
 
 
-def _has_path(data: Any, keys: Sequence[str]) -> bool:
+def _is_json_patch(data: Any) -> bool:
+    return isinstance(data, list) and bool(data) and all(isinstance(op, dict) and "op" in op for op in data)
+
+
+def _holds(data: Any, keys: Sequence[str]) -> bool:
+    """Whether a manifest (or the values of a JSON patch) holds the field at `keys`."""
+    if _is_json_patch(data):
+        for op in data:
+            at = [k.replace("~1", "/").replace("~0", "~") for k in str(op.get("path", "")).split("/")[1:]]
+            if "value" in op and len(at) <= len(keys) and all(a in (k, "-") for a, k in zip(at, keys)) \
+                    and _holds(op["value"], keys[len(at):]):
+                return True
+        return False
     for k in keys:
         if isinstance(data, dict) and k in data:
             data = data[k]
@@ -395,7 +414,7 @@ def kubeconform_units(units: Sequence[Unit], locations: Sequence[str], k8s_versi
     try:
         out = json.loads(proc.stdout)
     except json.JSONDecodeError:
-        raise RuntimeError(f"kubeconform failed: {(proc.stderr or proc.stdout).strip()}") from None
+        raise ToolError(f"kubeconform failed: {' '.join((proc.stderr or proc.stdout).split())}") from None
     index = {p: u for p, u in zip(paths, units)}
     for r in out.get("resources") or []:
         if r.get("status") not in ("statusInvalid", "statusError"):
@@ -449,7 +468,7 @@ def _kubeconform_message(msg: str) -> str:
 def validate(root: Path, paths: Sequence[str] = (), *, crd_dir: Path, k8s_version: str = K8S_VERSION,
              non_cluster: Mapping[tuple[str, str], str | None] = NON_CLUSTER_SCHEMAS,
              schema_cache: Path = SCHEMA_CACHE) -> Report:
-    """Validate the checkout at `root` (or what lies under `paths`, repository-relative)."""
+    """Validate the checkout at `root`, or what lies under `paths` (relative to root)."""
     start = time.monotonic()
     if not crd_dir.is_dir():
         raise UsageError(f"--crd-schemas {crd_dir}: not a directory; point it at a CRD schema folder in the "
@@ -457,15 +476,19 @@ def validate(root: Path, paths: Sequence[str] = (), *, crd_dir: Path, k8s_versio
     kustomize = tool("kustomize")
     core = prepare_core_schemas(k8s_version, schema_cache)
     scope = [norm(p) for p in paths] or [""]
-    in_scope = lambda f: any(under(f, s) for s in scope)  # noqa: E731
 
+    def in_scope(f: str) -> bool:
+        return any(under(f, s) for s in scope)
+
+    # 1. Parse.
     problems: list[Problem] = []
     repo = Repo(root, repo_files(root))
     repo.parse(problems)
 
     # 2. Build every kustomization in scope (Components only where nothing uses them).
-    used_components = {c for d in repo.kfiles for c in repo.local_refs(d)[0] if repo.is_component(c)}
-    to_build = sorted(d for d in repo.kfiles if in_scope(repo.kfiles[d]) and d not in used_components)
+    used_as_base = {r for d in repo.kfiles for r in repo.local_refs(d)[0]}
+    to_build = sorted(d for d in repo.kfiles if in_scope(repo.kfiles[d])
+                      and not (repo.is_component(d) and d in used_as_base))
     repo.build_all(to_build, kustomize)
     for d in to_build:
         b = repo.builds[d]
@@ -473,24 +496,22 @@ def validate(root: Path, paths: Sequence[str] = (), *, crd_dir: Path, k8s_versio
             problems.append(Problem(b.file, 0, f"{repo.kustomization(d).get('kind', 'Kustomization')}/{d}",
                                     f"kustomize build failed: {b.error}"))
 
-    # 3. Schemas. Run overlays and bases go by build; everything else that holds objects by file.
+    # 3. Schemas: builds as kustomize printed them, plain manifest files as written.
     inputs = repo.input_files()
     plain = [f for f in repo.yaml_files if f not in inputs and in_scope(f)
              and any(is_manifest(x.data) for x in repo.docs.get(f, []))]
-    used_as_base = {r for d in repo.kfiles for r in repo.local_refs(d)[0]}
-    units: list[Unit] = []
-    other: dict[str, list[Doc]] = {}
-    for d in to_build:
-        b = repo.builds[d]
-        if not b.error:
-            units.append(Unit(d, b.docs, b, b.text))
+    units = [Unit(d, repo.builds[d].docs, repo.builds[d], repo.builds[d].text) for d in to_build
+             if not repo.builds[d].error]
+    by_schema: dict[Path, list[Doc]] = {}
     for f in plain:
         docs = repo.docs[f]
-        cluster_docs = [x for x in docs if (str(x.data.get("apiVersion")), str(x.data.get("kind"))) not in non_cluster]
+        cluster_docs = []
         for x in docs:
-            schema = non_cluster.get((str(x.data.get("apiVersion")), str(x.data.get("kind"))))
-            if schema:
-                other.setdefault(str(crd_dir.parent / schema), []).append(x)
+            key = (str(x.data.get("apiVersion")), str(x.data.get("kind"))) if isinstance(x.data, dict) else ("", "")
+            if key not in non_cluster:
+                cluster_docs.append(x)
+            elif non_cluster[key]:
+                by_schema.setdefault(crd_dir.parent / str(non_cluster[key]), []).append(x)
         if cluster_docs:
             whole = len(cluster_docs) == len(docs)
             units.append(Unit(f, cluster_docs, None, (root / f).read_text() if whole else ""))
@@ -500,8 +521,12 @@ def validate(root: Path, paths: Sequence[str] = (), *, crd_dir: Path, k8s_versio
     p, num_resources = kubeconform_units(units, [f"{core}/{CORE_SCHEMA_TEMPLATE}", f"{crd_dir}/{CRD_SCHEMA_TEMPLATE}"],
                                          k8s_version, repo)
     problems += p
-    for schema, docs in sorted(other.items()):
-        p, n = kubeconform_units([Unit(x.file, [x]) for x in docs], [schema], k8s_version, repo)
+    for schema, docs in sorted(by_schema.items()):
+        if not schema.is_file():
+            problems += [Problem(x.file, x.line, obj_name(x.data), f"no schema {schema} for {x.data.get('apiVersion')} "
+                                 f"{x.data.get('kind')}; it belongs beside the CRD schema folder") for x in docs]
+            continue
+        p, n = kubeconform_units([Unit(x.file, [x]) for x in docs], [str(schema)], k8s_version, repo)
         problems += p
         num_resources += n
 
@@ -511,15 +536,15 @@ def validate(root: Path, paths: Sequence[str] = (), *, crd_dir: Path, k8s_versio
     p, num_flux = check_flux(repo, roots, kustomize)
     problems += p
 
-    # 5. Semantics, on what gets applied: builds nothing else builds on, and plain manifest files.
+    # 5. Semantics; PyTorchJobs as applied: builds nothing else builds on, and plain manifest files.
     applied = [u.docs for u in units if u.build is None or u.build.dir not in used_as_base]
     p, num_jobs = check_semantics([u.docs for u in units], applied)
     problems += p
 
     return Report(sorted(set(problems), key=lambda x: (x.file, x.line, x.obj, x.message)),
-                  num_yaml_files=len(repo.yaml_files if scope == [""] else [f for f in repo.yaml_files if in_scope(f)]),
-                  num_builds=len(to_build), num_resources=num_resources, num_flux_kustomizations=num_flux,
-                  num_pytorchjobs=num_jobs, seconds=time.monotonic() - start)
+                  num_yaml_files=sum(1 for f in repo.yaml_files if in_scope(f)), num_builds=len(to_build),
+                  num_resources=num_resources, num_flux_kustomizations=num_flux, num_pytorchjobs=num_jobs,
+                  seconds=time.monotonic() - start)
 
 
 def repository_root(paths: Sequence[Path]) -> Path:
@@ -557,7 +582,7 @@ def main(crd_schemas: Path | None, k8s_version: str, paths: tuple[Path, ...]) ->
         report = validate(root, rel, crd_dir=(crd_schemas or default_crd_dir(root)).resolve(), k8s_version=k8s_version)
     except UsageError as e:
         raise click.UsageError(str(e)) from None
-    except ToolNotFoundError as e:
+    except (ToolNotFoundError, ToolError) as e:
         raise click.ClickException(str(e)) from None
     for p in report.problems:
         click.echo(str(p), err=True)

@@ -182,6 +182,15 @@ def test_unknown_field_in_a_run_patch_fails(tmp_path):
     assert "additional properties 'replica' not allowed" in line
 
 
+def test_unknown_field_in_a_json_patch_is_blamed_on_the_patch(tmp_path):
+    def change(f):
+        f["overlays/runs/c1/run-a/pytorchjob.command.yaml"].append(
+            {"op": "add", "path": "/spec/pytorchReplicaSpecs/Worker/template/spec/containers/0/resources",
+             "value": {"limits": {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 32}, "limit": {}}})
+    line = only(mutated(tmp_path, change), "overlays/runs/c1/run-a/pytorchjob.command.yaml", "PyTorchJob/fsdp/run-a")
+    assert "additional properties 'limit' not allowed" in line
+
+
 def test_unknown_field_in_the_base_is_blamed_on_the_base(tmp_path):
     def change(f):
         f["base/pytorchjob/pytorchjob.yaml"]["spec"]["runPolicy"]["deadline"] = 5
