@@ -78,18 +78,18 @@ def emit(result: dict, json_path: str | None) -> None:
         return
     print(f"== {result['name']}")
     for key, value in result["config"].items():
-        print(f"  {key:<28} {value}")
-    print(f"  {'world size':<28} {result['world_size']}")
-    print(f"  {'median step time (s)':<28} {result['median_step_time_s']:.4f} "
+        print(f"  {key:<36} {value}")
+    print(f"  {'world size':<36} {result['world_size']}")
+    print(f"  {'median step time (s)':<36} {result['median_step_time_s']:.4f} "
           f"(min {result['min_step_time_s']:.4f}, max {result['max_step_time_s']:.4f}, "
           f"{result['measured_steps']} steps)")
-    print(f"  {'tokens/s per GPU':<28} {result['tokens_per_s_per_gpu']:,.0f}")
-    print(f"  {'MFU':<28} {100 * result['mfu']:.1f}%")
+    print(f"  {'tokens/s per GPU':<36} {result['tokens_per_s_per_gpu']:,.0f}")
+    print(f"  {'MFU':<36} {100 * result['mfu']:.1f}%")
     if "peak_allocated_gib" in result:
-        print(f"  {'peak allocated / reserved':<28} {result['peak_allocated_gib']:.1f} / "
+        print(f"  {'peak allocated / reserved':<36} {result['peak_allocated_gib']:.1f} / "
               f"{result['peak_reserved_gib']:.1f} GiB")
-    print(f"  {'versions':<28} {json.dumps(result['versions'], sort_keys=True)}")
-    print(f"  {'command':<28} {result['command']}", flush=True)
+    print(f"  {'versions':<36} {json.dumps(result['versions'], sort_keys=True)}")
+    print(f"  {'command':<36} {result['command']}", flush=True)
     if json_path:
         with open(json_path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(result, sort_keys=True) + "\n")

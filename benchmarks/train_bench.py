@@ -1,0 +1,98 @@
+"""Throughput of the project's trainer on synthetic packed tokens.
+
+Runs the same code path as trainer/train.py (build_model -> parallelize -> materialize ->
+init_random_weights -> build_optimizer -> train_step), on rows of random tokens with every position
+trained (no padding), for a named architecture. Warm-up steps (which include torch.compile) are
+dropped; the median of the timed optimizer steps gives tokens/s per GPU and MFU.
+
+The configuration is the trainer's defaults (what the generator writes for GPU runs) plus
+`--set key.path=value` overrides, exactly as `trainer.train` takes them:
+
+    torchrun --nproc_per_node=1 benchmarks/train_bench.py --model llama2-7b --seq-len 4096 --batch-size 2
+    torchrun --nproc_per_node=2 benchmarks/train_bench.py --model llama2-7b --set parallelism.compile=false
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from trainer.catalog import MODELS  # noqa: E402
+from trainer.config import from_dict, merge, parse_override, to_dict  # noqa: E402
+
+
+def bench_config(model: str, seq_len: int, batch_size: int, overrides: tuple[str, ...]):
+    """The trainer defaults for `model` on synthetic data, with the benchmark's overrides on top."""
+    data = {"model": {"name": model},
+            "data": {"format": "synthetic", "seq_len": seq_len},
+            "training": {"batch_size_per_gpu": batch_size}}
+    for item in overrides:
+        data = merge(data, parse_override(item))
+    return from_dict(data)
+
+
+@click.command()
+@click.option("--model", "model_name", default="llama2-7b", type=click.Choice(sorted(MODELS)))
+@click.option("--seq-len", default=4096, show_default=True)
+@click.option("--batch-size", default=2, show_default=True, help="Sequences per GPU per micro-step.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Trainer config override, e.g. parallelism.activation_checkpointing=none (repeatable).")
+@click.option("--warmup", default=5, show_default=True, help="Untimed steps (compile happens here).")
+@click.option("--steps", default=10, show_default=True, help="Timed steps.")
+@click.option("--name", default="trainer", show_default=True, help="Label of this configuration.")
+@click.option("--json", "json_path", default=None, help="Append the result as a JSON line here.")
+def main(model_name: str, seq_len: int, batch_size: int, overrides: tuple[str, ...], warmup: int, steps: int,
+         name: str, json_path: str | None) -> None:
+    """Time the trainer's optimizer step on synthetic tokens."""
+    import torch
+    import torch.distributed as dist
+
+    from benchmarks.common import emit, summarise, time_steps
+    from trainer import model as modeling
+    from trainer.catalog import peak_flops_for
+    from trainer.data import ShardedSampler, SyntheticDataset
+    from trainer.optim import build_optimizer, train_step
+    from trainer.parallelize import build_mesh, init_distributed, parallelize
+    from trainer.train import DistEnv
+
+    cfg = bench_config(model_name, seq_len, batch_size, overrides)
+    env = DistEnv.from_environ()
+    device = init_distributed(env.local_rank)
+    model = modeling.build_model(cfg.model)
+    mesh = build_mesh(cfg.parallelism, env.world_size, env.local_world_size, device.type)
+    parallelize(model, cfg.parallelism, mesh)
+    modeling.materialize(model, device)
+    modeling.init_random_weights(model, cfg.model.init_seed)
+    optimizer = build_optimizer(model, cfg.training, device)
+    accum = cfg.training.grad_accum_steps
+    rows = cfg.training.batch_size_per_gpu * env.world_size * accum * (warmup + steps)
+    dataset = SyntheticDataset(rows, seq_len, model.config.vocab_size, cfg.training.seed)
+    sampler = ShardedSampler(rows, cfg.training.batch_size_per_gpu, env.rank, env.world_size, cfg.training.seed)
+    model.train()
+
+    def step(_: int) -> None:
+        batches = [dataset.batch(sampler.next_rows()).to(device) for _ in range(accum)]
+        train_step(model, optimizer, batches, cfg.training, env.world_size)
+
+    times = time_steps(step, warmup, steps)
+    arch = MODELS[model_name]
+    resolved = to_dict(cfg)
+    config = {"model": model_name, "seq_len": seq_len, "batch_size_per_gpu": batch_size,
+              "grad_accum_steps": accum, **{f"parallelism.{k}": v for k, v in resolved["parallelism"].items()},
+              "training.loss_impl": cfg.training.loss_impl,
+              "training.bf16_optimizer_state": cfg.training.bf16_optimizer_state,
+              "model.attn_implementation": cfg.model.attn_implementation,
+              "overrides": " ".join(overrides) or "(none)"}
+    result = summarise(name=name, config=config, step_times=times,
+                       tokens_per_step_per_gpu=batch_size * seq_len * accum,
+                       flops_per_token=arch.flops_per_token(seq_len),
+                       peak_flops=peak_flops_for(torch.cuda.get_device_name()) if device.type == "cuda" else 0.0)
+    emit(result, json_path)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
