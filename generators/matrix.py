@@ -126,6 +126,15 @@ class _LineList(list):
     item_lines: list[int]
 
 
+def _join(parts: list[str]) -> str:
+    """["include", "[0]", "nodes"] -> "include[0].nodes"."""
+    out = ""
+    for part in parts:
+        if part:
+            out += part if part.startswith("[") or not out else "." + part
+    return out
+
+
 class _StrictLoader(yaml.SafeLoader):
     """SafeLoader that rejects duplicate keys, anchors, aliases, merge keys and non-string keys."""
 
@@ -135,7 +144,7 @@ class _StrictLoader(yaml.SafeLoader):
         self._path: list[str] = []
 
     def _where(self) -> str:
-        return ".".join(p for p in self._path if p) or "(top level)"
+        return _join(self._path) or "(top level)"
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if isinstance(index, yaml.ScalarNode):
@@ -174,9 +183,8 @@ class _StrictLoader(yaml.SafeLoader):
                 raise MatrixError(f"key {key!r} is a {type(key).__name__}, not a string", file=self.file,
                                   line=line, key=self._where(), fix=f'quote the key: "{key_node.value}"')
             if key in out:
-                where = ".".join(p for p in self._path if p)
                 raise MatrixError(f"duplicate key (first at line {out.key_lines[key]})", file=self.file,
-                                  line=line, key=f"{where}.{key}" if where else key,
+                                  line=line, key=_join([*self._path, key]),
                                   fix="keep one of the two entries")
             self._path.append(key)
             try:

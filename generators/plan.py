@@ -10,8 +10,9 @@ Run names
 ---------
 `<model>-<family>-n<nodes>[-g<gpus>]-<sharding>[-etcd][-r<rev>]-<hash>`, for example
 `llama2-7b-p5-n2-fullshard-3fa9c1`: a DNS-1035 label of at most 50 characters (the Training
-Operator appends `-worker-<i>` to name pods and Services, and those must stay within 63). The readable
-part (or the run's `name` field in its place) is cut to 43 characters when longer.
+Operator appends `-worker-<i>` to name pods and Services, and those must stay within 63). A readable
+part longer than 43 characters loses whole trailing parts until it fits (the hash still covers them);
+the run's `name` field, when set, replaces the readable part and is at most 43 characters.
 
 `<hash>` is the first 6 hex digits of a SHA-256 over everything that shapes the job: cluster, model,
 instance type, nodes, GPUs, rendezvous backend, deadline, /dev/shm size, rev, the name field and the
@@ -55,6 +56,7 @@ from generators.catalog import INSTANCE_TYPES, MODELS, Architecture, efa_for
 from generators.errors import MatrixError
 from generators.matrix import Matrix, expand
 from generators.model import Plan, Run
+from generators.writer import yaml_float
 from trainer.config import ConfigError, TrainConfig, check_topology, from_dict, to_dict
 
 NAME_MAX = 50
@@ -140,7 +142,11 @@ def readable_name(run: Run, family: str, gpus_per_node: int, num_gpus: int, shar
         if run.rev:
             parts.append(f"r{run.rev}")
         text = "-".join(parts)
-    return text[: NAME_MAX - HASH_LEN - 1].rstrip("-")
+    limit = NAME_MAX - HASH_LEN - 1
+    if len(text) > limit:
+        # Drop whole trailing parts (a cut "-r12" would read as rev 1); the hash still tells them apart.
+        text = text[: limit + 1].rsplit("-", 1)[0] if "-" in text[: limit + 1] else text[:limit]
+    return text.rstrip("-")
 
 
 def config_hash(payload: dict[str, Any]) -> str:
@@ -176,6 +182,21 @@ def estimate_gpu_memory_gib(arch: Architecture, cfg: TrainConfig, shard_size: in
     rows = min(tokens, tr.loss_chunk_size) if tr.loss_impl == "chunked" else tokens
     loss = rows * arch.vocab_size * 4 * 2
     return (sharded + gathered + acts + loss) / GIB + OVERHEAD_GIB
+
+
+def _trainer_fix(key: str, trainer_data: dict[str, Any]) -> str:
+    value: Any = trainer_data
+    for part in key.split(".") if key else ():
+        value = value.get(part) if isinstance(value, dict) else None
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+        if number is not None:
+            return (f"write it as {yaml_float(number)}: YAML reads {value} (no decimal point) as a string, "
+                    "not a number")
+    return f"correct trainer.{key} (the trainer's keys and values are defined in trainer/config.py)"
 
 
 def plan_run(matrix: Matrix, run: Run, cache: dict[str, TrainConfig] | None = None) -> Plan:
@@ -222,8 +243,7 @@ def plan_run(matrix: Matrix, run: Run, cache: dict[str, TrainConfig] | None = No
             cfg = from_dict(trainer_data)
         except ConfigError as err:
             raise _fail(matrix, run, f"trainer.{err.key}" if err.key else "trainer", err.message,
-                        f"correct trainer.{err.key} (the trainer's keys and values are defined in trainer/config.py)"
-                        ) from None
+                        _trainer_fix(err.key, trainer_data)) from None
         if cache is not None:
             cache[cache_key] = cfg
 

@@ -53,7 +53,8 @@ def _literal_ok(text: str) -> bool:
     return all(line == line.rstrip() and line.isprintable() for line in text.split("\n"))
 
 
-def _float(value: float) -> str:
+def yaml_float(value: float) -> str:
+    """A float as YAML 1.1 and 1.2 both read it back (2e-05 -> 2.0e-05)."""
     if value != value:
         return ".nan"
     if value in (float("inf"), float("-inf")):
@@ -77,7 +78,7 @@ def _scalar(value: Any) -> str:
     if kind is int:
         return str(value)
     if kind is float:
-        return _float(value)
+        return yaml_float(value)
     if value is None:
         return "null"
     raise TypeError(f"cannot write {kind.__name__} {value!r} to YAML")
