@@ -80,7 +80,8 @@ def secret_problems(c: Mapping[str, Any]) -> list[str]:
     for where, text in texts:
         for pattern, what in SECRET_PATTERNS:
             if isinstance(text, str) and pattern.search(text):
-                out.append(f"{where} contains {what}; read it from the Secret hf-token (file named by HF_TOKEN_FILE) instead")
+                out.append(f"{where} contains {what}; keep it in a SOPS-encrypted Secret and read it from the "
+                           "mounted file (HF_TOKEN_FILE for the Hugging Face token) or valueFrom.secretKeyRef")
                 break
     return out
 
@@ -152,88 +153,90 @@ class JobFacts:
     run_dirs: tuple[tuple[str, str], ...]
 
 
+def pinned_instance_type(pod: Mapping[str, Any]) -> str:
+    """The one instance type a pod is pinned to, by nodeSelector or a required node affinity ("" if none)."""
+    selected = (pod.get("nodeSelector") or {}).get(INSTANCE_TYPE_LABEL)
+    if selected:
+        return str(selected)
+    required = ((pod.get("affinity") or {}).get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    for term in required.get("nodeSelectorTerms") or []:
+        for e in term.get("matchExpressions") or []:
+            if e.get("key") == INSTANCE_TYPE_LABEL and e.get("operator") == "In" and len(e.get("values") or []) == 1:
+                return str(e["values"][0])
+    return ""
+
+
+def _limit(c: Mapping[str, Any], resource: str) -> int:
+    return _int(((c.get("resources") or {}).get("limits") or {}).get(resource, 0)) or 0
+
+
 def check_pytorchjob(doc: Doc, configmaps: Mapping[str, dict], instance_types: Mapping[str, InstanceType],
                      ) -> tuple[list[Problem], JobFacts]:
-    """A PyTorchJob against its instance type, and the ids that must be unique across runs."""
-    data, problems = doc.data, []
-    spec = data.get("spec") or {}
-
-    def bad(msg: str) -> None:
-        problems.append(Problem(doc.file, doc.line, obj_name(data), msg))
-
-    rdzv_ids: set[str] = set()
-    run_dirs: set[tuple[str, str]] = set()
+    """A PyTorchJob against the instance type its pods are pinned to, and the ids and directories that
+    must be unique across runs. `configmaps`: data of the ConfigMaps applied with it, by namespace/name."""
+    data, spec = doc.data, doc.data.get("spec") or {}
     elastic = spec.get("elasticPolicy") or {}
-    if elastic.get("rdzvId"):
-        rdzv_ids.add(str(elastic["rdzvId"]))
-    for role, rs in sorted((spec.get("pytorchReplicaSpecs") or {}).items()):
-        pod = ((rs or {}).get("template") or {}).get("spec") or {}
-        where = f"{role}"
-        selector = (pod.get("nodeSelector") or {}).get(INSTANCE_TYPE_LABEL)
-        if not selector:
-            for term in ((((pod.get("affinity") or {}).get("nodeAffinity") or {})
-                          .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []):
-                for e in term.get("matchExpressions") or []:
-                    if e.get("key") == INSTANCE_TYPE_LABEL and e.get("operator") == "In" and len(e.get("values") or []) == 1:
-                        selector = e["values"][0]
-        gpus = efa = 0
-        for c in pod.get("containers") or []:
-            limits = ((c or {}).get("resources") or {}).get("limits") or {}
-            gpus += _int(limits.get(GPU_RESOURCE, 0)) or 0
-            efa += _int(limits.get(EFA_RESOURCE, 0)) or 0
-            if ((c or {}).get("securityContext") or {}).get("privileged"):
-                bad(f"{where}: container {c.get('name')} is privileged; training pods need no privilege")
-            tokens = _tokens(c or {})
-            env = {str(e.get("name")): e.get("value") for e in (c or {}).get("env") or [] if isinstance(e, dict)}
+    problems: list[str] = []
+    rdzv_ids = {str(elastic["rdzvId"])} if elastic.get("rdzvId") else set()
+    run_dirs: set[tuple[str, str]] = set()
+    for role, replicas in sorted((spec.get("pytorchReplicaSpecs") or {}).items()):
+        pod = ((replicas or {}).get("template") or {}).get("spec") or {}
+        pod_containers = [c for c in pod.get("containers") or [] if isinstance(c, dict)]
+        gpus = sum(_limit(c, GPU_RESOURCE) for c in pod_containers)
+        efa = sum(_limit(c, EFA_RESOURCE) for c in pod_containers)
+
+        instance = pinned_instance_type(pod)
+        if not instance:
+            problems.append(f"{role}: no nodeSelector {INSTANCE_TYPE_LABEL}; pin the pods to a GPU instance type")
+        elif instance not in instance_types:
+            problems.append(f"{role}: instance type {instance} is not in the catalog (generators/catalog.py)")
+        elif not 1 <= gpus <= instance_types[instance].num_gpus:
+            have = instance_types[instance].num_gpus
+            problems.append(f"{role}: requests {gpus} GPUs ({GPU_RESOURCE}) but {instance} has {have}; "
+                            f"request 1 to {have}")
+        elif efa != efa_for(instance_types[instance], gpus):
+            want = efa_for(instance_types[instance], gpus)
+            problems.append(f"{role}: requests {efa} EFA interfaces ({EFA_RESOURCE}) but {gpus} GPUs of {instance} "
+                            f"come with {want}; request {want}")
+
+        for n in (spec.get("nprocPerNode"), elastic.get("nProcPerNode")):
+            if n is not None and str(n) not in ("gpu", "auto") and _int(n) != gpus:
+                problems.append(f"{role}: nprocPerNode is {n} but each pod has {gpus} GPUs; make them equal")
+        if (pod.get("securityContext") or {}).get("privileged"):
+            problems.append(f"{role}: the pod is privileged; training pods need no privilege")
+        for c in pod_containers:
+            if (c.get("securityContext") or {}).get("privileged"):
+                problems.append(f"{role}: container {c.get('name')} is privileged; training pods need no privilege")
+            tokens = _tokens(c)
+            env = {str(e.get("name")): e.get("value") for e in c.get("env") or [] if isinstance(e, dict)}
             nprocs = _flag_values(tokens, ("--nproc_per_node", "--nproc-per-node"))
-            if env.get("PET_NPROC_PER_NODE") is not None:
-                nprocs.append(str(env["PET_NPROC_PER_NODE"]))
+            nprocs += [str(env["PET_NPROC_PER_NODE"])] if env.get("PET_NPROC_PER_NODE") is not None else []
             for n in nprocs:
-                if n not in ("gpu", "auto") and _int(n) != (gpus_of(c)):
-                    bad(f"{where}: torchrun --nproc_per_node is {n} but the container has {gpus_of(c)} GPUs ({GPU_RESOURCE}); make them equal")
+                if n not in ("gpu", "auto") and _int(n) != _limit(c, GPU_RESOURCE):
+                    problems.append(f"{role}: torchrun --nproc_per_node is {n} but the container has "
+                                    f"{_limit(c, GPU_RESOURCE)} GPUs ({GPU_RESOURCE}); make them equal")
             rdzv_ids.update(_flag_values(tokens, ("--rdzv_id", "--rdzv-id")))
-            if env.get("PET_RDZV_ID"):
-                rdzv_ids.add(str(env["PET_RDZV_ID"]))
-            # Trainer overrides (section.key=value) on the command line write there too.
+            rdzv_ids.update([str(env["PET_RDZV_ID"])] if env.get("PET_RDZV_ID") else [])
+            # Trainer overrides (section.key=value) on the command line name output directories too.
             for key, what in RUN_DIR_KEYS.items():
                 run_dirs.update((what, t.split("=", 1)[1]) for t in tokens
-                                if t.startswith(key + "=") and t.split("=", 1)[1].startswith("/"))
-        if (pod.get("securityContext") or {}).get("privileged"):
-            bad(f"{where}: pod is privileged; training pods need no privilege")
-        for n in [spec.get("nprocPerNode"), elastic.get("nProcPerNode")]:
-            if n is not None and str(n) not in ("gpu", "auto") and _int(n) != gpus:
-                bad(f"{where}: nprocPerNode is {n} but each pod has {gpus} GPUs; make them equal")
-        if not selector:
-            bad(f"{where}: no nodeSelector {INSTANCE_TYPE_LABEL}; pin the pods to a GPU instance type")
-        elif selector not in instance_types:
-            bad(f"{where}: instance type {selector} is not in the catalog (generators/catalog.py)")
-        else:
-            it = instance_types[selector]
-            if not 1 <= gpus <= it.num_gpus:
-                bad(f"{where}: requests {gpus} GPUs ({GPU_RESOURCE}) but {selector} has {it.num_gpus}; "
-                    f"request 1 to {it.num_gpus}")
-            elif efa != efa_for(it, gpus):
-                bad(f"{where}: requests {efa} EFA interfaces ({EFA_RESOURCE}) but {gpus} GPUs of {selector} come with "
-                    f"{efa_for(it, gpus)}; request {efa_for(it, gpus)}")
+                                if t.startswith(key + "=/"))
+
         for v in pod.get("volumes") or []:
             ref = (v or {}).get("configMap") or {}
-            cm = ref.get("name")
-            if not cm:
+            if not ref.get("name"):
                 continue
-            cfg = configmaps.get(f"{meta(data, 'namespace')}/{cm}")
+            cfg = configmaps.get(f"{meta(data, 'namespace')}/{ref['name']}")
             if cfg is None and not ref.get("optional"):
                 # kustomize renames generated ConfigMaps (hash suffix, name prefix/suffix) but does not
                 # rewrite references inside custom resources, so a stale name here is easy to get.
-                bad(f"{where}: volume {v.get('name')} mounts ConfigMap {cm}, which the same overlay does not "
-                    "define; generate it with that exact name (kustomize does not rename references inside "
-                    "a PyTorchJob)")
+                problems.append(f"{role}: volume {v.get('name')} mounts ConfigMap {ref['name']}, which is not "
+                                "applied with the job; generate it with that exact name (kustomize does not "
+                                "rename references inside a PyTorchJob)")
             for text in (cfg or {}).values():
                 run_dirs.update(_run_dirs(text))
-    return problems, JobFacts(doc, tuple(sorted(rdzv_ids)), tuple(sorted(run_dirs)))
-
-
-def gpus_of(c: Mapping[str, Any]) -> int:
-    return _int((((c or {}).get("resources") or {}).get("limits") or {}).get(GPU_RESOURCE, 0)) or 0
+    found = [Problem(doc.file, doc.line, obj_name(data), p) for p in problems]
+    return found, JobFacts(doc, tuple(sorted(rdzv_ids)), tuple(sorted(run_dirs)))
 
 
 def _run_dirs(text: Any) -> list[tuple[str, str]]:

@@ -163,3 +163,26 @@ def test_unencrypted_secret_fails_and_sops_secret_passes():
                    "s.yaml", 1)
     assert ["Secret holds unencrypted data" in p.message for p in semantics.check_objects([plain])] == [True]
     assert semantics.check_objects([sealed]) == []
+
+
+def test_instance_type_pinned_by_required_node_affinity_counts():
+    doc = _job()
+    pod = doc.data["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    del pod["nodeSelector"]
+    pod["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["p4d.24xlarge"]}]}]}}}
+    assert _job_problems(doc) == ["Worker: requests 32 EFA interfaces (vpc.amazonaws.com/efa) but 8 GPUs of "
+                                  "p4d.24xlarge come with 4; request 4"]
+    del pod["affinity"]
+    assert "no nodeSelector node.kubernetes.io/instance-type" in _job_problems(doc)[0]
+
+
+def test_mounted_config_map_must_come_with_the_job_and_its_directories_are_collected():
+    doc = _job()
+    pod = doc.data["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    pod["volumes"] = [{"name": "config", "configMap": {"name": "run-config"}}]
+    assert "mounts ConfigMap run-config, which is not applied with the job" in _job_problems(doc)[0]
+    train = "checkpoint:\n  dir: /shared/ckpt/r1\nmetrics:\n  output_dir: out\n"
+    found, facts = semantics.check_pytorchjob(doc, {"fsdp/run-config": {"train.yaml": train}}, semantics.INSTANCE_TYPES)
+    assert found == []
+    assert facts.run_dirs == (("checkpoint directory", "/shared/ckpt/r1"),)  # relative paths are per pod
