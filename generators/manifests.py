@@ -76,17 +76,17 @@ def norm(path: str) -> str:
     return "" if out == "." else out
 
 
-def walk(value: Any) -> Iterator[Any]:
-    """Every dict and list inside value, value first."""
-    stack = [value]
+def walk(value: Any, keys: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """(keys, node) for every dict and list inside value, value first; keys is the JSON path."""
+    stack = [(keys, value)]
     while stack:
-        v = stack.pop()
+        at, v = stack.pop()
         if isinstance(v, dict):
-            yield v
-            stack.extend(v.values())
+            yield at, v
+            stack.extend((at + (str(k),), x) for k, x in reversed(v.items()))
         elif isinstance(v, list):
-            yield v
-            stack.extend(v)
+            yield at, v
+            stack.extend((at + (str(i),), x) for i, x in reversed(list(enumerate(v))))
 
 
 # libyaml's loader when PyYAML has it (several times faster on build outputs), else the pure-Python one.

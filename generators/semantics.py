@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import yaml
 
@@ -38,18 +38,15 @@ SECRET_ENV_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|ACCESS_KEY", re.I)
 REFERENCE_ENV_SUFFIXES = ("_FILE", "_PATH", "_DIR", "_NAME", "_REF")
 
 
-def pod_specs(data: Any) -> Iterator[dict]:
-    """Every pod spec inside a manifest: anything with a list of containers."""
-    for v in walk(data):
+def containers(data: Any) -> Iterator[tuple[tuple[str, ...], dict]]:
+    """(JSON path, container) for every container of every pod spec inside a manifest (anything with a
+    list of containers: Deployments, DaemonSets, PyTorchJob replicas, ...)."""
+    for at, v in walk(data):
         if isinstance(v, dict) and isinstance(v.get("containers"), list):
-            yield v
-
-
-def containers(pod: Mapping[str, Any]) -> Iterator[dict]:
-    for key in ("initContainers", "containers", "ephemeralContainers"):
-        for c in pod.get(key) or []:
-            if isinstance(c, dict):
-                yield c
+            for key in ("initContainers", "containers", "ephemeralContainers"):
+                for i, c in enumerate(v.get(key) or []):
+                    if isinstance(c, dict):
+                        yield at + (key, str(i)), c
 
 
 def image_problem(image: Any) -> str:
@@ -65,49 +62,58 @@ def image_problem(image: Any) -> str:
     return ""
 
 
-def secret_problems(c: Mapping[str, Any]) -> list[str]:
+def secret_problems(c: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str]]:
+    """(JSON path in the container, message) for each secret written inline in a container."""
     out = []
-    texts = [("command", x) for x in c.get("command") or []] + [("args", x) for x in c.get("args") or []]
-    for e in c.get("env") or []:
+    texts = [(("command",), "command", x) for x in c.get("command") or []] \
+        + [(("args",), "args", x) for x in c.get("args") or []]
+    for i, e in enumerate(c.get("env") or []):
         if not isinstance(e, dict):
             continue
         name, value = str(e.get("name") or ""), e.get("value")
         if value not in (None, "") and "valueFrom" not in e:
-            texts.append((f"env {name}", value))
+            texts.append((("env", str(i)), f"env {name}", value))
             if SECRET_ENV_NAME.search(name) and not name.upper().endswith(REFERENCE_ENV_SUFFIXES):
-                out.append(f"env {name} holds a literal value; take it from a Secret with valueFrom.secretKeyRef "
-                           "or mount the Secret as a file")
-    for where, text in texts:
+                out.append((("env", str(i)), f"env {name} holds a literal value; take it from a Secret with "
+                            "valueFrom.secretKeyRef or mount the Secret as a file"))
+    for keys, where, text in texts:
         for pattern, what in SECRET_PATTERNS:
             if isinstance(text, str) and pattern.search(text):
-                out.append(f"{where} contains {what}; keep it in a SOPS-encrypted Secret and read it from the "
-                           "mounted file (HF_TOKEN_FILE for the Hugging Face token) or valueFrom.secretKeyRef")
+                out.append((keys, f"{where} contains {what}; keep it in a SOPS-encrypted Secret and read it from "
+                                  "the mounted file (HF_TOKEN_FILE for the Hugging Face token) or valueFrom.secretKeyRef"))
                 break
     return out
 
 
-def check_objects(docs: Sequence[Doc]) -> list[Problem]:
-    """Checks that apply to every object: images, inline secrets, unencrypted Secrets."""
+Blame = Callable[[Doc, tuple[str, ...]], str]
+
+
+def check_objects(docs: Sequence[Doc], blame: Blame = lambda doc, keys: doc.file) -> list[Problem]:
+    """Checks that apply to every object: images, inline secrets, unencrypted Secrets. `blame` names the
+    file that holds a field (for a build: the input file that set it)."""
     problems = []
     for d in docs:
         data = d.data
         if not isinstance(data, dict):
             continue
-        for pod in pod_specs(data):
-            for c in containers(pod):
-                label = f"container {c.get('name', '?')}"
-                msg = image_problem(c.get("image"))
-                if msg:
-                    problems.append(Problem(d.file, d.line, obj_name(data), f"{label}: {msg}"))
-                for msg in secret_problems(c):
-                    problems.append(Problem(d.file, d.line, obj_name(data), f"{label}: {msg}"))
+
+        def bad(keys: tuple[str, ...], msg: str) -> None:
+            file = blame(d, keys)
+            problems.append(Problem(file, d.line if file == d.file else 0, obj_name(data), msg))
+
+        for at, c in containers(data):
+            label = f"container {c.get('name', '?')}"
+            msg = image_problem(c.get("image"))
+            if msg:
+                bad(at + ("image",), f"{label}: {msg}")
+            for keys, msg in secret_problems(c):
+                bad(at + keys, f"{label}: {msg}")
         if gvk(data) == ("", "Secret") and "sops" not in data and (data.get("data") or data.get("stringData")):
-            problems.append(Problem(d.file, d.line, obj_name(data),
-                                    "Secret holds unencrypted data; encrypt the file with sops (see .sops.yaml)"))
+            bad((), "Secret holds unencrypted data; encrypt the file with sops (see .sops.yaml)")
         if gvk(data) == HELM_RELEASE:
-            for v in walk((data.get("spec") or {}).get("values")):
+            for at, v in walk((data.get("spec") or {}).get("values"), ("spec", "values")):
                 if isinstance(v, dict) and str(v.get("tag", "")) == "latest":
-                    problems.append(Problem(d.file, d.line, obj_name(data), "values use the image tag latest; pin a version"))
+                    bad(at + ("tag",), "values use the image tag latest; pin a version")
     return problems
 
 
@@ -171,49 +177,57 @@ def _limit(c: Mapping[str, Any], resource: str) -> int:
 
 
 def check_pytorchjob(doc: Doc, configmaps: Mapping[str, dict], instance_types: Mapping[str, InstanceType],
-                     ) -> tuple[list[Problem], JobFacts]:
+                     blame: Blame = lambda doc, keys: doc.file) -> tuple[list[Problem], JobFacts]:
     """A PyTorchJob against the instance type its pods are pinned to, and the ids and directories that
     must be unique across runs. `configmaps`: data of the ConfigMaps applied with it, by namespace/name."""
     data, spec = doc.data, doc.data.get("spec") or {}
     elastic = spec.get("elasticPolicy") or {}
-    problems: list[str] = []
+    problems: list[Problem] = []
+
+    def bad(keys: tuple[str, ...], msg: str) -> None:
+        file = blame(doc, keys)
+        problems.append(Problem(file, doc.line if file == doc.file else 0, obj_name(data), msg))
     rdzv_ids = {str(elastic["rdzvId"])} if elastic.get("rdzvId") else set()
     run_dirs: set[tuple[str, str]] = set()
     for role, replicas in sorted((spec.get("pytorchReplicaSpecs") or {}).items()):
         pod = ((replicas or {}).get("template") or {}).get("spec") or {}
+        at = ("spec", "pytorchReplicaSpecs", role, "template", "spec")
         pod_containers = [c for c in pod.get("containers") or [] if isinstance(c, dict)]
+        gpu_at = next((at + ("containers", str(i), "resources", "limits", GPU_RESOURCE)
+                       for i, c in enumerate(pod_containers) if _limit(c, GPU_RESOURCE)), at)
         gpus = sum(_limit(c, GPU_RESOURCE) for c in pod_containers)
         efa = sum(_limit(c, EFA_RESOURCE) for c in pod_containers)
 
         instance = pinned_instance_type(pod)
         if not instance:
-            problems.append(f"{role}: no nodeSelector {INSTANCE_TYPE_LABEL}; pin the pods to a GPU instance type")
+            bad(at, f"{role}: no nodeSelector {INSTANCE_TYPE_LABEL}; pin the pods to a GPU instance type")
         elif instance not in instance_types:
-            problems.append(f"{role}: instance type {instance} is not in the catalog (generators/catalog.py)")
+            bad(at + ("nodeSelector",), f"{role}: instance type {instance} is not in the catalog (generators/catalog.py)")
         elif not 1 <= gpus <= instance_types[instance].num_gpus:
             have = instance_types[instance].num_gpus
-            problems.append(f"{role}: requests {gpus} GPUs ({GPU_RESOURCE}) but {instance} has {have}; "
+            bad(gpu_at, f"{role}: requests {gpus} GPUs ({GPU_RESOURCE}) but {instance} has {have}; "
                             f"request 1 to {have}")
         elif efa != efa_for(instance_types[instance], gpus):
             want = efa_for(instance_types[instance], gpus)
-            problems.append(f"{role}: requests {efa} EFA interfaces ({EFA_RESOURCE}) but {gpus} GPUs of {instance} "
+            bad(gpu_at[:-1] + (EFA_RESOURCE,), f"{role}: requests {efa} EFA interfaces ({EFA_RESOURCE}) but {gpus} GPUs of {instance} "
                             f"come with {want}; request {want}")
 
         for n in (spec.get("nprocPerNode"), elastic.get("nProcPerNode")):
             if n is not None and str(n) not in ("gpu", "auto") and _int(n) != gpus:
-                problems.append(f"{role}: nprocPerNode is {n} but each pod has {gpus} GPUs; make them equal")
+                bad(("spec",), f"{role}: nprocPerNode is {n} but each pod has {gpus} GPUs; make them equal")
         if (pod.get("securityContext") or {}).get("privileged"):
-            problems.append(f"{role}: the pod is privileged; training pods need no privilege")
-        for c in pod_containers:
+            bad(at + ("securityContext", "privileged"), f"{role}: the pod is privileged; training pods need no privilege")
+        for i, c in enumerate(pod_containers):
+            c_at = at + ("containers", str(i))
             if (c.get("securityContext") or {}).get("privileged"):
-                problems.append(f"{role}: container {c.get('name')} is privileged; training pods need no privilege")
+                bad(c_at + ("securityContext", "privileged"), f"{role}: container {c.get('name')} is privileged; training pods need no privilege")
             tokens = _tokens(c)
             env = {str(e.get("name")): e.get("value") for e in c.get("env") or [] if isinstance(e, dict)}
             nprocs = _flag_values(tokens, ("--nproc_per_node", "--nproc-per-node"))
             nprocs += [str(env["PET_NPROC_PER_NODE"])] if env.get("PET_NPROC_PER_NODE") is not None else []
             for n in nprocs:
                 if n not in ("gpu", "auto") and _int(n) != _limit(c, GPU_RESOURCE):
-                    problems.append(f"{role}: torchrun --nproc_per_node is {n} but the container has "
+                    bad(c_at + ("command",), f"{role}: torchrun --nproc_per_node is {n} but the container has "
                                     f"{_limit(c, GPU_RESOURCE)} GPUs ({GPU_RESOURCE}); make them equal")
             rdzv_ids.update(_flag_values(tokens, ("--rdzv_id", "--rdzv-id")))
             rdzv_ids.update([str(env["PET_RDZV_ID"])] if env.get("PET_RDZV_ID") else [])
@@ -230,13 +244,12 @@ def check_pytorchjob(doc: Doc, configmaps: Mapping[str, dict], instance_types: M
             if cfg is None and not ref.get("optional"):
                 # kustomize renames generated ConfigMaps (hash suffix, name prefix/suffix) but does not
                 # rewrite references inside custom resources, so a stale name here is easy to get.
-                problems.append(f"{role}: volume {v.get('name')} mounts ConfigMap {ref['name']}, which is not "
+                bad(at + ("volumes",), f"{role}: volume {v.get('name')} mounts ConfigMap {ref['name']}, which is not "
                                 "applied with the job; generate it with that exact name (kustomize does not "
                                 "rename references inside a PyTorchJob)")
             for text in (cfg or {}).values():
                 run_dirs.update(_run_dirs(text))
-    found = [Problem(doc.file, doc.line, obj_name(data), p) for p in problems]
-    return found, JobFacts(doc, tuple(sorted(rdzv_ids)), tuple(sorted(run_dirs)))
+    return problems, JobFacts(doc, tuple(sorted(rdzv_ids)), tuple(sorted(run_dirs)))
 
 
 def _run_dirs(text: Any) -> list[tuple[str, str]]:
@@ -269,22 +282,18 @@ def check_unique(facts: Sequence[JobFacts]) -> list[Problem]:
     return problems
 
 
-def check_semantics(units: Sequence[Sequence[Doc]], applied: Sequence[Sequence[Doc]],
-                    instance_types: Mapping[str, InstanceType] = INSTANCE_TYPES) -> tuple[list[Problem], int]:
-    """Object checks on every unit (the documents of one build or file); PyTorchJob checks on the units
-    that get applied as they are (not bases that others build on). (problems, PyTorchJobs checked)"""
+def check_jobs(applied: Sequence[tuple[Sequence[Doc], Blame]],
+               instance_types: Mapping[str, InstanceType] = INSTANCE_TYPES) -> tuple[list[Problem], int]:
+    """PyTorchJob checks on the units that get applied as they are (the documents of one build or file,
+    with its blame; not bases that others build on), and across them. (problems, PyTorchJobs checked)"""
     problems: list[Problem] = []
     facts: list[JobFacts] = []
-    for docs in units:
-        problems += check_objects(docs)
-    for docs in applied:
-        configmaps = {}
-        for d in docs:
-            if gvk(d.data) == ("", "ConfigMap"):
-                configmaps[f"{meta(d.data, 'namespace')}/{meta(d.data, 'name')}"] = d.data.get("data") or {}
+    for docs, blame in applied:
+        configmaps = {f"{meta(d.data, 'namespace')}/{meta(d.data, 'name')}": d.data.get("data") or {}
+                      for d in docs if gvk(d.data) == ("", "ConfigMap")}
         for d in docs:
             if gvk(d.data) == PYTORCHJOB:
-                p, f = check_pytorchjob(d, configmaps, instance_types)
+                p, f = check_pytorchjob(d, configmaps, instance_types, blame)
                 problems += p
                 facts.append(f)
     return problems + check_unique(facts), len(facts)

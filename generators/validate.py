@@ -37,9 +37,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import click
 import yaml
@@ -51,7 +51,7 @@ from generators.manifests import (  # noqa: E402
     FLUX_KUSTOMIZATION, Doc, Problem, SafeLoader, gvk, is_manifest, load_documents,
     meta, norm, obj_name, under, yaml_error)
 from generators.fluxgraph import check_flux  # noqa: E402
-from generators.semantics import check_semantics  # noqa: E402
+from generators.semantics import check_jobs, check_objects  # noqa: E402
 from generators.tools import REPO_ROOT, ToolNotFoundError, tool  # noqa: E402
 
 # Kubernetes version the core schemas are prepared for (the EKS version the clusters run).
@@ -536,15 +536,38 @@ def validate(root: Path, paths: Sequence[str] = (), *, crd_dir: Path, k8s_versio
     p, num_flux = check_flux(repo, roots, kustomize)
     problems += p
 
-    # 5. Semantics; PyTorchJobs as applied: builds nothing else builds on, and plain manifest files.
-    applied = [u.docs for u in units if u.build is None or u.build.dir not in used_as_base]
-    p, num_jobs = check_semantics([u.docs for u in units], applied)
+    # 5. Semantics: objects in every unit (blaming the input file that set a field), PyTorchJobs as
+    # applied (builds nothing else builds on, and plain manifest files).
+    blames = [_blame(repo, u.build) if u.build else lambda doc, keys: doc.file for u in units]
+    for u, blame in zip(units, blames):
+        problems += check_objects(u.docs, blame)
+    p, num_jobs = check_jobs([(u.docs, blame) for u, blame in zip(units, blames)
+                              if u.build is None or u.build.dir not in used_as_base])
     problems += p
 
-    return Report(sorted(set(problems), key=lambda x: (x.file, x.line, x.obj, x.message)),
+    return Report(collapse(problems),
                   num_yaml_files=sum(1 for f in repo.yaml_files if in_scope(f)), num_builds=len(to_build),
                   num_resources=num_resources, num_flux_kustomizations=num_flux, num_pytorchjobs=num_jobs,
                   seconds=time.monotonic() - start)
+
+
+def _blame(repo: Repo, build: Build) -> Callable[[Doc, tuple[str, ...]], str]:
+    def blame(doc: Doc, keys: tuple[str, ...]) -> str:
+        return repo.origin(build, str(doc.data.get("kind")), meta(doc.data, "name"), [list(keys)] if keys else [])
+    return blame
+
+
+_BUILD_NOTE = re.compile(r" \(in the build of [^)]*\)$")
+
+
+def collapse(problems: Iterable[Problem]) -> list[Problem]:
+    """One line per mistake. A mistake in a base shows in every build that uses it: problems with the same
+    file, line and message (less the build it showed in) become the first of them, with a count."""
+    groups: dict[tuple[str, int, str], list[Problem]] = {}
+    for p in sorted(set(problems), key=lambda x: (x.file, x.line, x.obj, x.message)):
+        groups.setdefault((p.file, p.line, _BUILD_NOTE.sub("", p.message)), []).append(p)
+    return [ps[0] if len(ps) == 1 else replace(ps[0], message=f"{ps[0].message} (and {len(ps) - 1} more like it)")
+            for ps in groups.values()]
 
 
 def repository_root(paths: Sequence[Path]) -> Path:

@@ -194,9 +194,10 @@ def test_unknown_field_in_a_json_patch_is_blamed_on_the_patch(tmp_path):
 def test_unknown_field_in_the_base_is_blamed_on_the_base(tmp_path):
     def change(f):
         f["base/pytorchjob/pytorchjob.yaml"]["spec"]["runPolicy"]["deadline"] = 5
-    found = mutated(tmp_path, change)
-    line = only(found, "base/pytorchjob/pytorchjob.yaml", "PyTorchJob/fsdp/run-a")
-    assert "'deadline' not allowed" in line
+    # One line for the base and the two runs built on it.
+    assert mutated(tmp_path, change) == [
+        "base/pytorchjob/pytorchjob.yaml: PyTorchJob/fsdp-job: kubeconform: at '/spec/runPolicy': additional "
+        "properties 'deadline' not allowed (in the build of base/pytorchjob) (and 2 more like it)"]
 
 
 def test_depends_on_missing_kustomization_fails(tmp_path):
@@ -226,7 +227,7 @@ def test_gpu_request_above_the_instance_fails(tmp_path):
             {"op": "replace", "path": "/spec/pytorchReplicaSpecs/Worker/template/spec/containers/0/resources/limits",
              "value": {"nvidia.com/gpu": 16, "vpc.amazonaws.com/efa": 32}}]
         f["overlays/runs/c1/run-a/pytorchjob.command.yaml"][0]["value"][1] = "--nproc_per_node=16"
-    line = only(mutated(tmp_path, change), "overlays/runs/c1/run-a/kustomization.yaml", "PyTorchJob/fsdp/run-a")
+    line = only(mutated(tmp_path, change), "overlays/runs/c1/run-a/pytorchjob.command.yaml", "PyTorchJob/fsdp/run-a")
     assert "requests 16 GPUs (nvidia.com/gpu) but p5.48xlarge has 8" in line
 
 
@@ -234,18 +235,18 @@ def test_latest_image_fails(tmp_path):
     def change(f):
         c = f["base/pytorchjob/pytorchjob.yaml"]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
         c["image"] = "public.ecr.aws/example/fsdp-trainer:latest"
-    found = mutated(tmp_path, change)
-    line = only(found, "base/pytorchjob/kustomization.yaml", "PyTorchJob/fsdp-job")
-    assert "uses the moving tag latest" in line
-    only(found, "overlays/runs/c1/run-a/kustomization.yaml", "PyTorchJob/fsdp/run-a", "latest")
+    assert mutated(tmp_path, change) == [
+        "base/pytorchjob/pytorchjob.yaml: PyTorchJob/fsdp-job: container pytorch: image "
+        "public.ecr.aws/example/fsdp-trainer:latest uses the moving tag latest; pin it by tag or digest "
+        "(and 2 more like it)"]
 
 
 def test_token_inline_in_a_command_fails(tmp_path):
     def change(f):
         f["overlays/runs/c1/run-b/pytorchjob.command.yaml"][0]["value"] = [
             "bash", "-c", "HF_TOKEN=hf_abcdefghijklmnopqrstuvwx torchrun --nproc_per_node=8 --rdzv_id=run-b -m trainer.train"]
-    line = only(mutated(tmp_path, change), "overlays/runs/c1/run-b/kustomization.yaml", "PyTorchJob/fsdp/run-b")
-    assert "contains a Hugging Face token" in line
+    line = only(mutated(tmp_path, change), "overlays/runs/c1/run-b/pytorchjob.command.yaml", "PyTorchJob/fsdp/run-b")
+    assert "command contains a Hugging Face token" in line
 
 
 def test_yaml_syntax_error_names_file_and_line(tmp_path):
@@ -338,7 +339,7 @@ def test_sops_encrypted_secret_passes_and_plaintext_secret_fails(tmp_path):
     assert problems(tmp_path) == []
     del secret["sops"]
     write_tree(tmp_path, files)
-    only(problems(tmp_path), "overlays/infrastructure/c1/configs/kustomization.yaml", "Secret/fsdp/hf-token",
+    only(problems(tmp_path), "overlays/infrastructure/c1/configs/secret.yaml", "Secret/fsdp/hf-token",
          "unencrypted")
 
 
