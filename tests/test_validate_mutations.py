@@ -294,6 +294,10 @@ def test_cli_exit_codes(tmp_path):
     assert "overlays/clusters/c1/infrastructure.yaml:1: Kustomization/flux-system/infra-configs: spec.path ./nowhere" in bad.stderr
     usage = runner.invoke(v.main, ["--crd-schemas", str(tmp_path / "missing"), str(tmp_path)])
     assert usage.exit_code == 2 and "not a directory" in usage.stderr
+    version = runner.invoke(v.main, ["--crd-schemas", str(CRD_DIR), "--k8s-version", "1.2.0", str(tmp_path)])
+    assert version.exit_code == 2 and "kubernetes-validate has no schemas for it" in version.stderr
+    outside = runner.invoke(v.main, ["--crd-schemas", str(CRD_DIR), str(tmp_path / "nowhere")])
+    assert outside.exit_code == 2 and "no such file or directory" in outside.stderr
 
 
 def test_non_cluster_documents_go_to_their_own_schema(tmp_path):
