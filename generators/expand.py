@@ -81,6 +81,10 @@ def main(matrix: str, out: str | None, check: bool, list_runs: bool) -> None:
     if out_dir.exists() and not out_dir.is_dir():
         _bad_input(f"--out {out}: is a file, not a directory; fix: pass a directory (or leave --out out)")
 
+    label = matrix_label(matrix)
+    if not label.isascii():
+        _bad_input(f"{matrix}: MATRIX: the file name is not ASCII (generated files are ASCII only); "
+                   "fix: rename the matrix file")
     try:
         m = matrix_mod.load(matrix)
         plans = plan(m)
@@ -88,7 +92,7 @@ def main(matrix: str, out: str | None, check: bool, list_runs: bool) -> None:
             click.echo(format_table(plans))
             return
         root_from_out = Path(os.path.relpath(REPO_ROOT, out_dir.resolve())).as_posix()
-        files = writer.serialize(render(m, plans, root_from_out), matrix_label(matrix))
+        files = writer.serialize(render(m, plans, root_from_out), label)
     except MatrixError as err:
         _bad_input(str(err))
         return

@@ -223,3 +223,12 @@ def test_missing_matrix_file_and_conflicting_options(tmp_path):
     result = invoke(str(matrix), "--check", "--list")
     assert (result.exit_code, len(result.stderr.splitlines())) == (2, 1)
     assert not (tmp_path / "o").exists()
+
+
+def test_non_ascii_matrix_file_name_is_bad_input(tmp_path):
+    matrix = tmp_path / "matr\u00efx.yaml"
+    matrix.write_text(GOOD)
+    result = invoke(str(matrix), "--out", str(tmp_path / "o"))
+    assert result.exit_code == 2
+    assert "not ASCII" in result.stderr and len(result.stderr.splitlines()) == 1
+    assert not (tmp_path / "o").exists()
