@@ -68,7 +68,8 @@ def object_id(data: Mapping[str, Any]) -> ObjectId:
 
 def source_id(ref: Any, default_ns: str) -> ObjectId:
     ref = ref if isinstance(ref, dict) else {}
-    return FLUX_SOURCE_GROUP, str(ref.get("kind") or ""), str(ref.get("namespace") or default_ns), str(ref.get("name") or "")
+    return (FLUX_SOURCE_GROUP, str(ref.get("kind") or ""), str(ref.get("namespace") or default_ns),
+            str(ref.get("name") or ""))
 
 
 def check_flux(repo: Repo, roots: Sequence[str], kustomize: str) -> tuple[list[Problem], int]:
@@ -126,7 +127,8 @@ class FluxGraph:
             return
         if d in self.repo.kfiles:
             if self.repo.is_component(d):
-                self.problems.append(o.problem(f"spec.path {path} is a kustomize Component, which cannot be applied alone"))
+                self.problems.append(o.problem(f"spec.path {path} is a kustomize Component, which cannot be "
+                                               "applied alone"))
                 return
             build = self.repo.get_build(d, self.kustomize)
             if build.error:
@@ -156,12 +158,14 @@ class FluxGraph:
             for key, o in graph.items():
                 edges[key] = []
                 for dep in (o.data.get("spec") or {}).get("dependsOn") or []:
-                    target = (str(dep.get("namespace") or o.ns), str(dep.get("name") or "")) if isinstance(dep, dict) else ("", "")
+                    dep = dep if isinstance(dep, dict) else {}
+                    target = (str(dep.get("namespace") or o.ns), str(dep.get("name") or ""))
                     if target in graph:
                         edges[key].append(target)
                     else:
                         problems.append(o.problem(f"dependsOn {kind} {target[0]}/{target[1]} does not exist in "
-                                                  f"{self.root_dir} or in what it applies; fix the name or remove the dependency"))
+                                                  f"{self.root_dir} or in what it applies; fix the name or remove "
+                                                  "the dependency"))
             for cycle in find_cycles(edges):
                 names = " -> ".join(k[1] for k in cycle + [cycle[0]])
                 problems.append(graph[cycle[0]].problem(f"dependsOn cycle: {names}; remove one of these dependencies"))

@@ -79,8 +79,9 @@ def secret_problems(c: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str]]:
     for keys, where, text in texts:
         for pattern, what in SECRET_PATTERNS:
             if isinstance(text, str) and pattern.search(text):
-                out.append((keys, f"{where} contains {what}; keep it in a SOPS-encrypted Secret and read it from "
-                                  "the mounted file (HF_TOKEN_FILE for the Hugging Face token) or valueFrom.secretKeyRef"))
+                out.append((keys, f"{where} contains {what}; keep it in a SOPS-encrypted Secret and read it "
+                                  "from the mounted file (HF_TOKEN_FILE for the Hugging Face token) or "
+                                  "valueFrom.secretKeyRef"))
                 break
     return out
 
@@ -164,7 +165,8 @@ def pinned_instance_type(pod: Mapping[str, Any]) -> str:
     selected = (pod.get("nodeSelector") or {}).get(INSTANCE_TYPE_LABEL)
     if selected:
         return str(selected)
-    required = ((pod.get("affinity") or {}).get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    affinity = (pod.get("affinity") or {}).get("nodeAffinity") or {}
+    required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
     for term in required.get("nodeSelectorTerms") or []:
         for e in term.get("matchExpressions") or []:
             if e.get("key") == INSTANCE_TYPE_LABEL and e.get("operator") == "In" and len(e.get("values") or []) == 1:
@@ -202,25 +204,29 @@ def check_pytorchjob(doc: Doc, configmaps: Mapping[str, dict], instance_types: M
         if not instance:
             bad(at, f"{role}: no nodeSelector {INSTANCE_TYPE_LABEL}; pin the pods to a GPU instance type")
         elif instance not in instance_types:
-            bad(at + ("nodeSelector",), f"{role}: instance type {instance} is not in the catalog (generators/catalog.py)")
+            bad(at + ("nodeSelector",),
+                f"{role}: instance type {instance} is not in the catalog (generators/catalog.py)")
         elif not 1 <= gpus <= instance_types[instance].num_gpus:
             have = instance_types[instance].num_gpus
             bad(gpu_at, f"{role}: requests {gpus} GPUs ({GPU_RESOURCE}) but {instance} has {have}; "
                             f"request 1 to {have}")
         elif efa != efa_for(instance_types[instance], gpus):
             want = efa_for(instance_types[instance], gpus)
-            bad(gpu_at[:-1] + (EFA_RESOURCE,), f"{role}: requests {efa} EFA interfaces ({EFA_RESOURCE}) but {gpus} GPUs of {instance} "
+            bad(gpu_at[:-1] + (EFA_RESOURCE,),
+                f"{role}: requests {efa} EFA interfaces ({EFA_RESOURCE}) but {gpus} GPUs of {instance} "
                             f"come with {want}; request {want}")
 
         for n in (spec.get("nprocPerNode"), elastic.get("nProcPerNode")):
             if n is not None and str(n) not in ("gpu", "auto") and _int(n) != gpus:
                 bad(("spec",), f"{role}: nprocPerNode is {n} but each pod has {gpus} GPUs; make them equal")
         if (pod.get("securityContext") or {}).get("privileged"):
-            bad(at + ("securityContext", "privileged"), f"{role}: the pod is privileged; training pods need no privilege")
+            bad(at + ("securityContext", "privileged"),
+                f"{role}: the pod is privileged; training pods need no privilege")
         for i, c in enumerate(pod_containers):
             c_at = at + ("containers", str(i))
             if (c.get("securityContext") or {}).get("privileged"):
-                bad(c_at + ("securityContext", "privileged"), f"{role}: container {c.get('name')} is privileged; training pods need no privilege")
+                bad(c_at + ("securityContext", "privileged"),
+                    f"{role}: container {c.get('name')} is privileged; training pods need no privilege")
             tokens = _tokens(c)
             env = {str(e.get("name")): e.get("value") for e in c.get("env") or [] if isinstance(e, dict)}
             nprocs = _flag_values(tokens, ("--nproc_per_node", "--nproc-per-node"))
@@ -263,7 +269,8 @@ def _run_dirs(text: Any) -> list[tuple[str, str]]:
     out = []
     for key, what in RUN_DIR_KEYS.items():
         section, name = key.split(".")
-        value = (cfg.get(section) or {}).get(name) if isinstance(cfg, dict) and isinstance(cfg.get(section), dict) else None
+        part = cfg.get(section) if isinstance(cfg, dict) else None
+        value = part.get(name) if isinstance(part, dict) else None
         if isinstance(value, str) and value.startswith("/"):
             out.append((what, value))
     return out

@@ -1,30 +1,30 @@
 """Validate the repository the way CI and the cluster see it.
 
     python generators/validate.py                       # the whole repository
-    python generators/validate.py overlays/runs/p5      # only what lies under the given paths
+    python generators/validate.py overlays/runs/fsdp-p5 # only what lies under the given paths
     python generators/validate.py --crd-schemas ../shared/schemas/crds --k8s-version 1.33.0
 
-Steps, in order (each problem is one line `<file>: <Kind>/<name>: <message>` on stderr; exit 1 when
-there is any, 2 on a usage error):
+Steps, in order. Each problem is one line `<file>[:<line>]: <Kind>/<name>: <message>` on stderr, a
+summary goes to stdout; exit 1 when there is any problem, 2 on a usage error.
 
 1. Parse every YAML file git knows about (tracked, or untracked and not ignored): syntax errors and
    duplicate keys, with the line.
 2. `kustomize build --load-restrictor=LoadRestrictionsNone` every kustomization, as kustomize-controller
-   builds it. Components are built through the kustomizations that use them; a Component nothing uses
-   is built on its own, through an empty parent.
-3. `kubeconform -strict` on every build output and every plain manifest file (YAML outside
+   builds it (two at a time). Components are built through the kustomizations that use them; a
+   Component nothing uses is built through an empty parent.
+3. One `kubeconform -strict` over every build output and every plain manifest file (YAML outside
    kustomizations that holds objects), with core schemas prepared from the `kubernetes-validate`
-   package for one pinned Kubernetes version and CRD schemas from --crd-schemas. A kind without a
-   schema is an error. Documents that are inputs of tools rather than cluster objects are routed by
-   NON_CLUSTER_SCHEMAS instead.
-4. The Flux graph of every bootstrap directory (a directory of plain manifests holding Flux
-   Kustomizations, e.g. overlays/clusters/<cluster>/): every spec.path of this repository exists and
-   builds, every dependsOn and sourceRef resolves (HelmRelease chart sources too), no dependsOn cycle,
-   and no object is applied by two Kustomizations.
-5. Semantic checks no schema can make: a PyTorchJob's GPUs and EFA interfaces fit its instance type,
-   torchrun's nproc per node equals its GPUs, rendezvous ids and checkpoint directories are unique
-   across runs, training pods are not privileged; anywhere: no `:latest` or untagged image, no
-   secret written inline in a command, an argument or an env value, no unencrypted Secret.
+   package for one pinned Kubernetes version (K8S_VERSION) and CRD schemas from --crd-schemas. A kind
+   without a schema is an error. Documents that are inputs of tools rather than cluster objects (the
+   matrix, kustomize's own files, eksctl's ClusterConfig) go by NON_CLUSTER_SCHEMAS instead.
+4. The Flux graph of every bootstrap directory (generators/fluxgraph.py): paths exist and build,
+   dependsOn and sources resolve, no cycle, no object applied by two Kustomizations.
+5. Semantic checks no schema can make (generators/semantics.py): GPUs and EFA against the instance
+   type, torchrun's processes per node, unique rendezvous ids and output directories, no privileged
+   training pod, no `latest` or untagged image, no inline secret, no unencrypted Secret.
+
+A problem in a build names the input file that set the offending field (the overlay's own patch
+before its bases), and a mistake in a base that shows in every build using it is reported once.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import click
 import yaml
 
-if __package__ in (None, ""):  # run as `python generators/validate.py`
+if str(Path(__file__).resolve().parent.parent) not in sys.path:  # run as `python generators/validate.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from generators.manifests import (  # noqa: E402
@@ -69,8 +69,9 @@ KUSTOMIZATION_FILES = ("kustomization.yaml", "kustomization.yml", "Kustomization
 YAML_SUFFIXES = (".yaml", ".yml")
 
 # Documents that are inputs of tools, not objects for a cluster: they never reach kubeconform with the
-# core and CRD schemas. (apiVersion, kind) -> JSON schema file to validate them against, relative to the
-# parent of the CRD schema directory (shared/schemas/), or None when another step checks them.
+# core and CRD schemas. (apiVersion, kind) -> the JSON schema kubeconform checks them against instead,
+# relative to the parent of the CRD schema directory (shared/schemas/, where CI assembles both), or
+# None when another step checks them.
 NON_CLUSTER_SCHEMAS: dict[tuple[str, str], str | None] = {
     # kustomize's own inputs: checked by building them.
     ("kustomize.config.k8s.io/v1beta1", "Kustomization"): None,
@@ -163,7 +164,8 @@ class Repo:
     def __init__(self, root: Path, files: Sequence[str]):
         self.root = root
         self.files = list(files)
-        self.yaml_files = [f for f in self.files if f.endswith(YAML_SUFFIXES) or PurePosixPath(f).name == "Kustomization"]
+        self.yaml_files = [f for f in self.files
+                           if f.endswith(YAML_SUFFIXES) or PurePosixPath(f).name == "Kustomization"]
         self.docs: dict[str, list[Doc]] = {}
         self.kfiles: dict[str, str] = {}  # kustomization dir -> its kustomization file
         self.builds: dict[str, Build] = {}
@@ -329,7 +331,8 @@ def kubernetes_validate_dir(version: str) -> Path:
     src = base / f"v{version}-local-strict"
     if not src.is_dir():
         have = sorted(p.name.removesuffix("-local-strict") for p in base.glob("v*-local-strict"))
-        raise UsageError(f"--k8s-version {version}: kubernetes-validate has no schemas for it; use one of {', '.join(have)}")
+        raise UsageError(f"--k8s-version {version}: kubernetes-validate has no schemas for it; "
+                         f"use one of {', '.join(have)}")
     return src
 
 
@@ -404,7 +407,7 @@ def kubeconform_units(units: Sequence[Unit], locations: Sequence[str], k8s_versi
         paths = []
         for i, u in enumerate(units):
             p = Path(tmp, f"{i:05d}.yaml")
-            p.write_text(u.raw or "".join("---\n" + json.dumps(_for_schema(d.data), default=str) + "\n" for d in u.docs))
+            p.write_text(u.raw or "".join(f"---\n{json.dumps(_for_schema(d.data), default=str)}\n" for d in u.docs))
             paths.append(str(p))
         args = [tool("kubeconform"), "-strict", "-summary", "-output", "json", "-n", str(BUILD_JOBS),
                 "-kubernetes-version", k8s_version]
@@ -584,7 +587,8 @@ def repository_root(paths: Sequence[Path]) -> Path:
             raise UsageError(f"{p}: not inside a git work tree; validate files of a checkout")
         roots.add(Path(proc.stdout.strip()).resolve())
     if len(roots) > 1:
-        raise UsageError(f"paths span several repositories ({', '.join(map(str, sorted(roots)))}); validate one at a time")
+        raise UsageError(f"paths span several repositories ({', '.join(map(str, sorted(roots)))}); "
+                         "validate one at a time")
     return roots.pop()
 
 

@@ -108,7 +108,8 @@ def fixture_files() -> dict[str, Any]:
             "apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "GitRepository",
             "metadata": {"name": "fsdp-gitops", "namespace": "flux-system"},
             "spec": {"interval": "1m", "url": "https://github.com/example/fsdp-gitops", "ref": {"branch": "main"}}},
-        "overlays/clusters/c1/infrastructure.yaml": flux_kustomization("infra-configs", "./overlays/infrastructure/c1/configs"),
+        "overlays/clusters/c1/infrastructure.yaml":
+            flux_kustomization("infra-configs", "./overlays/infrastructure/c1/configs"),
         "overlays/clusters/c1/experiments.yaml": [
             flux_kustomization("run-a", "./overlays/runs/c1/run-a", ["infra-configs"]),
             flux_kustomization("run-b", "./overlays/runs/c1/run-b", ["infra-configs"]),
@@ -233,7 +234,8 @@ def test_gpu_request_above_the_instance_fails(tmp_path):
 
 def test_latest_image_fails(tmp_path):
     def change(f):
-        c = f["base/pytorchjob/pytorchjob.yaml"]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+        pod = f["base/pytorchjob/pytorchjob.yaml"]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+        c = pod["containers"][0]
         c["image"] = "public.ecr.aws/example/fsdp-trainer:latest"
     assert mutated(tmp_path, change) == [
         "base/pytorchjob/pytorchjob.yaml: PyTorchJob/fsdp-job: container pytorch: image "
@@ -244,7 +246,8 @@ def test_latest_image_fails(tmp_path):
 def test_token_inline_in_a_command_fails(tmp_path):
     def change(f):
         f["overlays/runs/c1/run-b/pytorchjob.command.yaml"][0]["value"] = [
-            "bash", "-c", "HF_TOKEN=hf_abcdefghijklmnopqrstuvwx torchrun --nproc_per_node=8 --rdzv_id=run-b -m trainer.train"]
+            "bash", "-c",
+            "HF_TOKEN=hf_abcdefghijklmnopqrstuvwx torchrun --nproc_per_node=8 --rdzv_id=run-b -m trainer.train"]
     line = only(mutated(tmp_path, change), "overlays/runs/c1/run-b/pytorchjob.command.yaml", "PyTorchJob/fsdp/run-b")
     assert "command contains a Hugging Face token" in line
 
@@ -276,7 +279,8 @@ def test_object_applied_by_two_kustomizations_fails(tmp_path):
 def test_source_ref_that_does_not_resolve_fails(tmp_path):
     def change(f):
         f["overlays/clusters/c1/infrastructure.yaml"]["spec"]["sourceRef"]["name"] = "fsdp"
-    line = only(mutated(tmp_path, change), "overlays/clusters/c1/infrastructure.yaml", "Kustomization/flux-system/infra-configs")
+    line = only(mutated(tmp_path, change), "overlays/clusters/c1/infrastructure.yaml",
+                "Kustomization/flux-system/infra-configs")
     assert "sourceRef GitRepository/flux-system/fsdp is not defined" in line
 
 
@@ -291,7 +295,8 @@ def test_cli_exit_codes(tmp_path):
         yaml.safe_dump(flux_kustomization("infra-configs", "./nowhere")))
     bad = runner.invoke(v.main, ["--crd-schemas", str(CRD_DIR), str(tmp_path)])
     assert bad.exit_code == 1
-    assert "overlays/clusters/c1/infrastructure.yaml:1: Kustomization/flux-system/infra-configs: spec.path ./nowhere" in bad.stderr
+    assert ("overlays/clusters/c1/infrastructure.yaml:1: Kustomization/flux-system/infra-configs: "
+            "spec.path ./nowhere") in bad.stderr
     usage = runner.invoke(v.main, ["--crd-schemas", str(tmp_path / "missing"), str(tmp_path)])
     assert usage.exit_code == 2 and "not a directory" in usage.stderr
     version = runner.invoke(v.main, ["--crd-schemas", str(CRD_DIR), "--k8s-version", "1.2.0", str(tmp_path)])

@@ -110,10 +110,10 @@ def _job(**container):
     c = {"name": "pytorch", "image": "x/trainer:1", "command": ["torchrun", "--nproc_per_node=8", "--rdzv_id=r1"],
          "resources": {"limits": {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 32}}}
     c.update(container)
-    return manifests.Doc({"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "j", "namespace": "fsdp"},
-                  "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 2, "template": {"spec": {
-                      "nodeSelector": {"node.kubernetes.io/instance-type": "p5.48xlarge"},
-                      "containers": [c]}}}}}}, "run/kustomization.yaml")
+    pod = {"nodeSelector": {"node.kubernetes.io/instance-type": "p5.48xlarge"}, "containers": [c]}
+    job = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "j", "namespace": "fsdp"},
+           "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 2, "template": {"spec": pod}}}}}
+    return manifests.Doc(job, "run/kustomization.yaml")
 
 
 def _job_problems(doc):
@@ -170,7 +170,8 @@ def test_instance_type_pinned_by_required_node_affinity_counts():
     pod = doc.data["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
     del pod["nodeSelector"]
     pod["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["p4d.24xlarge"]}]}]}}}
+        {"matchExpressions": [{"key": "node.kubernetes.io/instance-type", "operator": "In",
+                               "values": ["p4d.24xlarge"]}]}]}}}
     assert _job_problems(doc) == ["Worker: requests 32 EFA interfaces (vpc.amazonaws.com/efa) but 8 GPUs of "
                                   "p4d.24xlarge come with 4; request 4"]
     del pod["affinity"]
