@@ -121,6 +121,8 @@ class FluxGraph:
         if d.startswith(".."):
             self.problems.append(o.problem(f"spec.path {path} leaves the repository"))
             return
+        if d == self.root_dir:
+            return  # the sync that `flux bootstrap` commits (flux-system/gotk-sync.yaml): the bootstrap itself
         if d not in self.repo.dirs:
             self.problems.append(o.problem(f"spec.path {path} does not exist in the repository; fix the path or "
                                            "generate the overlay"))

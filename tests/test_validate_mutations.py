@@ -169,6 +169,23 @@ def test_clean_tree_passes(tmp_path):
     assert report.num_resources == 1 + 1 + 4 + 4
 
 
+def test_what_flux_bootstrap_commits_is_the_bootstrap_itself(tmp_path):
+    # `flux bootstrap --path=overlays/clusters/c1` commits flux-system/ with a Kustomization that syncs
+    # the bootstrap directory itself; following it would apply everything twice.
+    files = fixture_files()
+    files["overlays/clusters/c1/flux-system/kustomization.yaml"] = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": ["gotk-sync.yaml"]}
+    sync = flux_kustomization("flux-system", "./overlays/clusters/c1")
+    sync["spec"]["sourceRef"]["name"] = "flux-system"
+    source = copy.deepcopy(files["overlays/clusters/c1/sources.yaml"])
+    source["metadata"]["name"] = "flux-system"
+    files["overlays/clusters/c1/flux-system/gotk-sync.yaml"] = [source, sync]
+    write_tree(tmp_path, files)
+    report = v.validate(tmp_path, crd_dir=CRD_DIR)
+    assert [str(p) for p in report.problems] == []
+    assert report.num_flux_kustomizations == 4
+
+
 def test_typo_in_api_version_fails(tmp_path):
     def change(f):
         f["overlays/infrastructure/c1/configs/namespace.yaml"]["apiVersion"] = "v2"
