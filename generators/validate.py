@@ -132,7 +132,7 @@ def repo_files(root: Path) -> list[str]:
 # --------------------------------------------------------------------------------------- 2. kustomize
 
 def kustomization_refs(k: Mapping[str, Any]) -> tuple[list[str], list[str]]:
-    """(resources and bases, components) plus every other local file a kustomization reads, as given."""
+    """(resources and bases, components and every other path a kustomization reads), as written in it."""
     def strings(v: Any) -> list[str]:
         return [x for x in v if isinstance(x, str)] if isinstance(v, list) else []
 
