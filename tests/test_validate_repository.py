@@ -7,6 +7,11 @@ from generators import validate as v
 def test_the_repository_validates():
     report = v.validate(v.REPO_ROOT, crd_dir=v.default_crd_dir())
     assert [str(p) for p in report.problems] == []
-    # Something was really checked: run overlays and bases were built, the Flux graph was walked.
-    assert report.num_builds >= 10
-    assert report.num_flux_kustomizations >= 3
+    # Something was really checked: every run overlay was built and its PyTorchJob checked, and the
+    # Flux graph of each cluster was walked (infrastructure Kustomizations plus one per run).
+    runs = [d for d in (v.REPO_ROOT / "overlays" / "runs").glob("*/*") if d.is_dir()]
+    clusters = [d for d in (v.REPO_ROOT / "overlays" / "clusters").iterdir() if d.is_dir()]
+    assert runs and clusters
+    assert report.num_builds > len(runs)
+    assert report.num_pytorchjobs >= len(runs)
+    assert report.num_flux_kustomizations >= len(runs) + 2 * len(clusters)
