@@ -55,13 +55,14 @@ def main(model_name: str, seq_len: int, batch_size: int, overrides: tuple[str, .
     from trainer.catalog import peak_flops_for
     from trainer.data import ShardedSampler, SyntheticDataset
     from trainer.optim import build_optimizer, train_step
-    from trainer.parallelize import build_mesh, init_distributed, parallelize
+    from trainer.parallelize import build_mesh, init_distributed, parallelize, resolve_checkpointing
     from trainer.train import DistEnv
 
     cfg = bench_config(model_name, seq_len, batch_size, overrides)
     env = DistEnv.from_environ()
     device = init_distributed(env.local_rank)
     model = modeling.build_model(cfg.model)
+    cfg = resolve_checkpointing(cfg, MODELS[model_name], env.world_size, env.local_world_size, device)
     mesh = build_mesh(cfg.parallelism, env.world_size, env.local_world_size, device.type)
     parallelize(model, cfg.parallelism, mesh)
     modeling.materialize(model, device)

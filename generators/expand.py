@@ -52,11 +52,13 @@ def display(path: Path) -> str:
 
 
 def format_table(plans: list[Plan]) -> str:
-    header = ("NAME", "CLUSTER", "MODEL", "INSTANCE TYPE", "NODES", "GPUS/NODE", "WORLD", "SHARDING")
+    header = ("NAME", "CLUSTER", "MODEL", "INSTANCE TYPE", "NODES", "GPUS/NODE", "WORLD", "SHARDING",
+              "ACT. CKPT", "EST. GIB/GPU")
     rows = [header] + [(p.name, p.cluster, p.model, p.instance_type, str(p.nodes), str(p.gpus_per_node),
-                        str(p.world_size), p.sharding) for p in plans]
+                        str(p.world_size), p.sharding, p.trainer.parallelism.activation_checkpointing,
+                        f"{p.est_gpu_memory_gib:.1f}") for p in plans]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    numeric = {4, 5, 6}
+    numeric = {4, 5, 6, 9}
     lines = ["  ".join(c.rjust(w) if i in numeric and r is not header else c.ljust(w)
                        for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows]
     return "\n".join(lines)

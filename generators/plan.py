@@ -26,23 +26,12 @@ volume stay under the old names); to run an unchanged configuration again, bump 
 stable: the same matrix and code give the same names on every machine. Two runs with the same name
 are the same run twice and are an error.
 
-Memory-fit estimate
--------------------
-Per GPU, in bytes (P parameters, L layers, b batch per GPU, s sequence length, h hidden size,
-kv KV width, i intermediate size, V vocabulary, d = 2 for bf16 or 4 for fp32):
-- sharded state: P x (4 fp32 parameters + 4 fp32 gradients + 8 AdamW moments, 4 in bf16)
-  / shard group (world size; HYBRID_SHARD: the shard group; NO_SHARD: 1);
-- gathered parameters: FULL_SHARD / HYBRID_SHARD two decoder layers (the current one and the
-  prefetched one) plus the root (embeddings, norm, lm_head) in d bytes; SHARD_GRAD_OP and NO_SHARD
-  keep all P parameters gathered; plus one layer's unsharded fp32 gradients;
-- activations: a layer's inputs b x s x h x d for checkpointed layers, and b x s x (6h + 2kv + 4i) x d
-  for a layer that keeps its activations (all layers with no checkpointing; every layer but each Nth
-  with selective; plus the one being recomputed);
-- the loss: chunked b x s capped at loss_chunk_size rows of V fp32 logits and their gradient;
-  full: all b x s rows;
-- a fixed 4 GiB for the CUDA context, NCCL buffers and allocator fragmentation.
-A run whose estimate exceeds the GPU's memory is rejected. The estimate is deliberately simple: it
-rejects runs that clearly cannot fit (Llama 2 70B on one node) and does not promise that others fit.
+Memory fit
+----------
+The peak-memory model lives in trainer/memory.py, shared with the trainer. A run whose
+`activation_checkpointing` is `auto` (the default) gets the least recomputation whose estimate fits
+the instance's GPU memory, written into its config; a run whose estimate exceeds the GPU's memory
+even so is rejected (Llama 2 70B on one node). The estimate errs on the safe side (see that module).
 """
 from __future__ import annotations
 
@@ -52,12 +41,13 @@ import json
 import re
 from typing import Any, Sequence
 
-from generators.catalog import INSTANCE_TYPES, MODELS, Architecture, efa_for
+from generators.catalog import INSTANCE_TYPES, MODELS, efa_for
 from generators.errors import MatrixError
 from generators.matrix import Matrix, expand
 from generators.model import Plan, Run
 from generators.writer import yaml_float
 from trainer.config import ConfigError, TrainConfig, check_topology, from_dict, to_dict
+from trainer.memory import estimate_peak_gib, resolve_auto
 
 NAME_MAX = 50
 HASH_LEN = 6
@@ -71,8 +61,6 @@ ETCD_ENDPOINT = "etcd.fsdp-system.svc.cluster.local:2379"
 SHARED_MOUNT = "/shared"
 CHECKPOINT_ROOT = f"{SHARED_MOUNT}/checkpoints"
 RUNS_ROOT = f"{SHARED_MOUNT}/runs"
-OVERHEAD_GIB = 4.0
-GIB = 1024**3
 # Trainer keys the planner sets for every run; the matrix must not set them.
 GENERATED_TRAINER_KEYS = {
     "model.name": "set the run's `model` field instead",
@@ -154,36 +142,6 @@ def config_hash(payload: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode("ascii")).hexdigest()[:HASH_LEN]
 
 
-def estimate_gpu_memory_gib(arch: Architecture, cfg: TrainConfig, shard_size: int) -> float:
-    """Estimated peak memory per GPU in GiB (see the module docstring for the model)."""
-    P, L, h = arch.num_params, arch.num_layers, arch.hidden_size
-    kv = arch.num_kv_heads * arch.head_dim
-    par, tr = cfg.parallelism, cfg.training
-    d = 2 if par.precision == "bf16" else 4
-    state_bytes = 4 + 4 + (4 if tr.bf16_optimizer_state else 8)
-    sharded = P * state_bytes / shard_size
-    root = arch.num_embedding_params + h
-    layer = (P - root) / L
-    if par.sharding_strategy in ("FULL_SHARD", "HYBRID_SHARD"):
-        gathered = (2 * layer + root) * d
-    else:
-        gathered = P * d
-    gathered += layer * 4
-    tokens = tr.batch_size_per_gpu * cfg.data.seq_len
-    layer_in = tokens * h * d
-    layer_full = tokens * (6 * h + 2 * kv + 4 * arch.intermediate_size) * d
-    if par.activation_checkpointing == "none":
-        acts = L * layer_full
-    elif par.activation_checkpointing == "full":
-        acts = L * layer_in + layer_full
-    else:
-        checkpointed = L // par.selective_ac_every
-        acts = checkpointed * layer_in + (L - checkpointed) * layer_full + layer_full
-    rows = min(tokens, tr.loss_chunk_size) if tr.loss_impl == "chunked" else tokens
-    loss = rows * arch.vocab_size * 4 * 2
-    return (sharded + gathered + acts + loss) / GIB + OVERHEAD_GIB
-
-
 def _trainer_fix(key: str, trainer_data: dict[str, Any]) -> str:
     value: Any = trainer_data
     for part in key.split(".") if key else ():
@@ -256,7 +214,8 @@ def plan_run(matrix: Matrix, run: Run, cache: dict[str, TrainConfig] | None = No
 
     family = instance.family
     readable = readable_name(run, family, gpus, instance.num_gpus, par.sharding_strategy)
-    est = estimate_gpu_memory_gib(arch, cfg, shard_size)
+    cfg = resolve_auto(arch, cfg, shard_size, instance.gpu_memory_gib)
+    est = estimate_peak_gib(arch, cfg, shard_size)
     if est > instance.gpu_memory_gib:
         raise _fail(matrix, run, "nodes",
                     f"{run.model} needs about {est:.0f} GiB per GPU with {par.sharding_strategy} over "

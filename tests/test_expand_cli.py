@@ -119,9 +119,12 @@ def test_list_prints_the_runs_and_writes_nothing(tmp_path):
     result = invoke(str(matrix), "--out", str(out), "--list")
     assert result.exit_code == 0
     lines = result.stdout.splitlines()
-    assert lines[0].split() == ["NAME", "CLUSTER", "MODEL", "INSTANCE", "TYPE", "NODES", "GPUS/NODE", "WORLD", "SHARDING"]
+    assert lines[0].split() == ["NAME", "CLUSTER", "MODEL", "INSTANCE", "TYPE", "NODES", "GPUS/NODE", "WORLD", "SHARDING",
+                                 "ACT.", "CKPT", "EST.", "GIB/GPU"]
     assert len(lines) == 5
-    assert lines[4].split()[1:] == ["fsdp-p5", "llama2-13b", "p5.48xlarge", "2", "8", "16", "FULL_SHARD"]
+    assert lines[4].split()[1:8] == ["fsdp-p5", "llama2-13b", "p5.48xlarge", "2", "8", "16", "FULL_SHARD"]
+    assert lines[4].split()[8] in ("none", "selective", "full")  # `auto` is resolved per run
+    assert float(lines[4].split()[9]) < 80
     assert not out.exists()
 
 

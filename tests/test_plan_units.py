@@ -7,7 +7,7 @@ import pytest
 
 from generators.catalog import INSTANCE_TYPES, MODELS, efa_for
 from generators.errors import MatrixError
-from generators.plan import estimate_gpu_memory_gib
+from trainer.memory import estimate_peak_gib as estimate_gpu_memory_gib
 from matrix_support import GOOD, HEADER, line_of, plans
 from trainer.config import from_dict
 
@@ -176,11 +176,11 @@ def test_memory_fit_rejects_70b_on_one_node_and_accepts_four():
 def test_memory_estimate_orders_strategies_and_scales_with_sharding():
     arch = MODELS["llama2-13b"]
     cfg = from_dict({"model": {"name": "llama2-13b"}, "data": {"path": "x"}, "training": {"batch_size_per_gpu": 3}})
-    full8, full16 = estimate_gpu_memory_gib(arch, cfg, 8), estimate_gpu_memory_gib(arch, cfg, 16)
+    full8, full16 = estimate_gpu_memory_gib(arch, cfg, 8, "full"), estimate_gpu_memory_gib(arch, cfg, 16, "full")
     assert full16 < full8
     grad_op = from_dict({**{"model": {"name": "llama2-13b"}, "data": {"path": "x"}},
                          "training": {"batch_size_per_gpu": 3}, "parallelism": {"sharding_strategy": "SHARD_GRAD_OP"}})
-    assert estimate_gpu_memory_gib(arch, grad_op, 16) > full16  # keeps every parameter gathered
+    assert estimate_gpu_memory_gib(arch, grad_op, 16, "full") > full16  # keeps every parameter gathered
     no_ac = from_dict({"model": {"name": "llama2-13b"}, "data": {"path": "x"}, "training": {"batch_size_per_gpu": 3},
                        "parallelism": {"activation_checkpointing": "none"}})
     assert estimate_gpu_memory_gib(arch, no_ac, 16) > full16 + 20

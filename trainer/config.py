@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
 SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
-AC_MODES = ("none", "full", "selective")
+AC_MODES = ("auto", "none", "full", "selective")
 PRECISIONS = ("bf16", "fp32")
 DATA_FORMATS = ("samsum", "alpaca", "synthetic")
 LR_SCHEDULES = ("cosine", "linear", "constant")
@@ -132,11 +132,15 @@ class ParallelismConfig:
     sharding_strategy: Literal["FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"] = "FULL_SHARD"
     # HYBRID_SHARD shard group size; 0 means the GPUs of one node (torchrun's LOCAL_WORLD_SIZE).
     shard_group_size: int = 0
-    activation_checkpointing: Literal["none", "full", "selective"] = "full"
+    # auto: the least recomputation whose memory estimate fits the GPU (trainer.memory): none, then
+    # selective, then full. The generator resolves it per run from the instance's GPU memory and
+    # writes the result into the run's config; the trainer resolves it from the device at start.
+    activation_checkpointing: Literal["auto", "none", "full", "selective"] = "auto"
     # Selective checkpointing: checkpoint every Nth decoder layer.
     selective_ac_every: int = 2
-    # torch.compile each decoder block (GPU only; ignored with a warning on CPU).
-    compile: bool = False
+    # torch.compile each decoder block (GPU only; ignored with a warning on CPU). On by default: it
+    # fuses the norms, rotary embedding and SwiGLU (BENCHMARKS.md measures what it adds).
+    compile: bool = True
     # Parameters in bf16 with fp32 gradient reduction, or everything in fp32.
     precision: Literal["bf16", "fp32"] = "bf16"
     # Keep the last decoder layer unsharded after forward: backward starts with it, so resharding

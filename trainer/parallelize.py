@@ -16,6 +16,7 @@ The seed's strategy names map onto FSDP2 like this:
 """
 from __future__ import annotations
 
+import os
 import warnings
 
 import torch
@@ -24,11 +25,16 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from trainer.config import ParallelismConfig, check_topology
+from trainer.catalog import Architecture
+from trainer.config import ParallelismConfig, TrainConfig, check_topology
+from trainer.memory import GIB, resolve_auto, shard_size
 
 
 def init_distributed(local_rank: int) -> torch.device:
     """Join the process group torchrun set up (env://) and pick this rank's device."""
+    # Expandable segments keep the reserved memory close to the allocated (the large runs sit near the
+    # GPU's capacity, where fragmentation turns into out-of-memory); set before the first allocation.
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
@@ -38,6 +44,16 @@ def init_distributed(local_rank: int) -> torch.device:
         device = torch.device("cpu")
         dist.init_process_group("gloo")
     return device
+
+
+def resolve_checkpointing(cfg: TrainConfig, arch: Architecture, world_size: int, local_world_size: int,
+                          device: torch.device) -> TrainConfig:
+    """Resolve activation_checkpointing 'auto' from this device's memory (no limit known on CPU: none)."""
+    if device.type == "cuda":
+        memory_gib = torch.cuda.get_device_properties(device).total_memory / GIB
+    else:
+        memory_gib = float("inf")
+    return resolve_auto(arch, cfg, shard_size(cfg.parallelism, world_size, local_world_size), memory_gib)
 
 
 def build_mesh(cfg: ParallelismConfig, world_size: int, local_world_size: int, device_type: str) -> DeviceMesh:

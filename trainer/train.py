@@ -94,7 +94,7 @@ def train(cfg: TrainConfig, env: DistEnv) -> None:
     from trainer.data import ShardedSampler, build_dataset, load_tokenizer
     from trainer.metrics import MetricsLogger, host_memory_probe
     from trainer.optim import build_optimizer, build_scheduler, total_steps, train_step
-    from trainer.parallelize import build_mesh, init_distributed, parallelize
+    from trainer.parallelize import build_mesh, init_distributed, parallelize, resolve_checkpointing
 
     say = print if env.rank == 0 else (lambda *a, **k: None)
 
@@ -108,6 +108,8 @@ def train(cfg: TrainConfig, env: DistEnv) -> None:
 
     # 2. Model: meta device -> checkpointing/compile/FSDP -> this rank's shards -> weights.
     model = modeling.build_model(cfg.model, model_dir)
+    cfg = resolve_checkpointing(cfg, modeling.architecture(model.config, cfg.model.name), env.world_size,
+                                env.local_world_size, device)
     mesh = build_mesh(cfg.parallelism, env.world_size, env.local_world_size, device.type)
     parallelize(model, cfg.parallelism, mesh)
     probe = host_memory_probe()
@@ -123,7 +125,8 @@ def train(cfg: TrainConfig, env: DistEnv) -> None:
     dist.all_reduce(stats, op=dist.ReduceOp.MAX)
     load["host_peak_delta_bytes_max_rank"] = int(stats.item())
     arch = modeling.architecture(model.config, cfg.model.name)
-    say(f"model: {modeling.describe(model)}; loaded from {load['source']} in {load['seconds']:.1f}s")
+    say(f"model: {modeling.describe(model)}; loaded from {load['source']} in {load['seconds']:.1f}s; "
+        f"activation checkpointing {cfg.parallelism.activation_checkpointing}")
     if model_dir and cfg.model.name in MODELS and MODELS[cfg.model.name].num_params != arch.num_params:
         say(f"warning: model.name {cfg.model.name} does not match the checkpoint's architecture; "
             "MFU uses the checkpoint's")
