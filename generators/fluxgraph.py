@@ -95,26 +95,39 @@ class FluxGraph:
         self.local_sources = set(self.sources)
         self.applied: dict[str, list[Doc]] = {f"the bootstrap directory {root_dir}": bootstrap}
         self.kustomizations: dict[tuple[str, str], FluxObject] = {}
-        i = 0
-        while i < len(self.objects):  # grows as Kustomizations are followed
-            o = self.objects[i]
-            i += 1
-            if gvk(o.data) == FLUX_KUSTOMIZATION:
+        # Follow each Kustomization once its source is known; a source may come from what another
+        # Kustomization applies, so keep going while that uncovers more.
+        waiting: list[FluxObject] = []
+        seen = 0
+        while True:
+            for o in self.objects[seen:]:
+                if gvk(o.data) != FLUX_KUSTOMIZATION:
+                    continue
                 if o.key in self.kustomizations:
                     self.problems.append(o.problem(f"defined twice (also in {self.kustomizations[o.key].doc.file})"))
-                    continue
-                self.kustomizations[o.key] = o
+                else:
+                    self.kustomizations[o.key] = o
+                    waiting.append(o)
+            seen = len(self.objects)
+            ready = [o for o in waiting if self._source(o) in self.sources]
+            if not ready:
+                break
+            waiting = [o for o in waiting if all(o is not r for r in ready)]
+            for o in ready:
                 self._follow(o)
+        for o in waiting:
+            self.problems.append(o.problem(f"sourceRef {'/'.join(self._source(o)[1:])} is not defined in "
+                                           f"{self.root_dir} or in what it applies; define the source or fix the "
+                                           "reference"))
         self.releases = {o.key: o for o in self.objects if gvk(o.data) == HELM_RELEASE}
+
+    @staticmethod
+    def _source(o: FluxObject) -> ObjectId:
+        return source_id((o.data.get("spec") or {}).get("sourceRef"), o.ns)
 
     def _follow(self, o: FluxObject) -> None:
         spec = o.data.get("spec") or {}
-        src = source_id(spec.get("sourceRef"), o.ns)
-        if src not in self.sources:
-            self.problems.append(o.problem(f"sourceRef {'/'.join(src[1:])} is not defined in {self.root_dir} or in "
-                                           "what it applies; define the source or fix the reference"))
-            return
-        if src not in self.local_sources:
+        if self._source(o) not in self.local_sources:
             return
         path = str(spec.get("path") or "./")
         d = norm(path.lstrip("/"))

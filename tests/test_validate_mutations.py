@@ -186,6 +186,26 @@ def test_what_flux_bootstrap_commits_is_the_bootstrap_itself(tmp_path):
     assert report.num_flux_kustomizations == 4
 
 
+def test_a_source_applied_by_another_kustomization_resolves(tmp_path):
+    files = fixture_files()
+    # experiments.yaml is read before infrastructure.yaml, whose Kustomization applies the source.
+    upstream = flux_kustomization("upstream-manifests", "./deploy")
+    upstream["spec"]["sourceRef"]["name"] = "upstream"
+    files["overlays/clusters/c1/experiments.yaml"].append(upstream)
+    files["overlays/infrastructure/c1/configs/source.yaml"] = {
+        "apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "GitRepository",
+        "metadata": {"name": "upstream", "namespace": "flux-system"},
+        "spec": {"interval": "1h", "url": "https://github.com/example/upstream", "ref": {"tag": "v1.0.0"}}}
+    files["overlays/infrastructure/c1/configs/kustomization.yaml"]["resources"].append("source.yaml")
+    write_tree(tmp_path, files)
+    assert problems(tmp_path) == []  # ./deploy is upstream's path: not checked against this repository
+    del files["overlays/infrastructure/c1/configs/source.yaml"]
+    files["overlays/infrastructure/c1/configs/kustomization.yaml"]["resources"].remove("source.yaml")
+    write_tree(tmp_path / "without", files)
+    only(problems(tmp_path / "without"), "overlays/clusters/c1/experiments.yaml",
+         "Kustomization/flux-system/upstream-manifests", "sourceRef GitRepository/flux-system/upstream is not defined")
+
+
 def test_typo_in_api_version_fails(tmp_path):
     def change(f):
         f["overlays/infrastructure/c1/configs/namespace.yaml"]["apiVersion"] = "v2"
