@@ -31,7 +31,8 @@ Memory fit
 The peak-memory model lives in trainer/memory.py, shared with the trainer. A run whose
 `activation_checkpointing` is `auto` (the default) gets the least recomputation whose estimate fits
 the instance's GPU memory, written into its config; a run whose estimate exceeds the GPU's memory
-even so is rejected (Llama 2 70B on one node). The estimate errs on the safe side (see that module).
+even so (above FIT_FRACTION of the GPU's memory, the same bound `auto` uses) is rejected (Llama 2
+70B on one or two nodes at batch size 3). The estimate errs on the safe side (see that module).
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ from generators.matrix import Matrix, expand
 from generators.model import Plan, Run
 from generators.writer import yaml_float
 from trainer.config import ConfigError, TrainConfig, check_topology, from_dict, to_dict
-from trainer.memory import estimate_peak_gib, resolve_auto
+from trainer.memory import FIT_FRACTION, estimate_peak_gib, resolve_auto
 
 NAME_MAX = 50
 HASH_LEN = 6
@@ -216,10 +217,11 @@ def plan_run(matrix: Matrix, run: Run, cache: dict[str, TrainConfig] | None = No
     readable = readable_name(run, family, gpus, instance.num_gpus, par.sharding_strategy)
     cfg = resolve_auto(arch, cfg, shard_size, instance.gpu_memory_gib)
     est = estimate_peak_gib(arch, cfg, shard_size)
-    if est > instance.gpu_memory_gib:
+    if est > FIT_FRACTION * instance.gpu_memory_gib:
         raise _fail(matrix, run, "nodes",
                     f"{run.model} needs about {est:.0f} GiB per GPU with {par.sharding_strategy} over "
-                    f"{shard_size} GPUs, but {instance_name} GPUs have {instance.gpu_memory_gib} GiB",
+                    f"{shard_size} GPUs, but {instance_name} GPUs have {instance.gpu_memory_gib} GiB "
+                    f"({FIT_FRACTION:.0%} usable)",
                     f"use more nodes, a larger-memory instance or a smaller batch, or exclude "
                     f"{{model: {run.model}, nodes: {run.nodes}}}", readable)
     shm_cap = instance.host_memory_gib * gpus // instance.num_gpus // 2
