@@ -41,7 +41,6 @@ of the output (eksctl's ClusterConfig schema, Karpenter's CRD schemas) is part o
 """
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -57,14 +56,12 @@ from generators import matrix as matrix_mod  # noqa: E402
 from generators import writer  # noqa: E402
 from generators.catalog import INSTANCE_TYPES  # noqa: E402
 from generators.errors import MatrixError  # noqa: E402
-from generators.expand import display, matrix_label  # noqa: E402
+from generators.expand import bad_input, matrix_label, output_dir, sync  # noqa: E402
 from generators.model import Cluster, Plan  # noqa: E402
 from generators.plan import plan  # noqa: E402
 
 GENERATOR = "generators/cluster.py"
 DEFAULT_OUT = REPO_ROOT / "overlays" / "provisioning"
-EXIT_BAD_INPUT = 2
-EXIT_FAILURE = 1
 
 EKSCTL_API = "eksctl.io/v1alpha5"
 KARPENTER_API = "karpenter.sh/v1"
@@ -270,11 +267,6 @@ def render(m: matrix_mod.Matrix, plans: Sequence[Plan], karpenter: bool) -> dict
     return files
 
 
-def _bad_input(message: str) -> None:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(EXIT_BAD_INPUT)
-
-
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("matrix", metavar="MATRIX")
 @click.option("--out", "out", metavar="DIR", default=None,
@@ -283,9 +275,7 @@ def _bad_input(message: str) -> None:
 @click.option("--karpenter", is_flag=True, help="Karpenter NodePools and EC2NodeClass instead of GPU node groups.")
 def main(matrix: str, out: str | None, check: bool, karpenter: bool) -> None:
     """Write an eksctl ClusterConfig (and optionally Karpenter objects) for every cluster of MATRIX."""
-    out_dir = Path(out) if out is not None else DEFAULT_OUT
-    if out_dir.exists() and not out_dir.is_dir():
-        _bad_input(f"--out {out}: is a file, not a directory; fix: pass a directory (or leave --out out)")
+    out_dir = output_dir(out, DEFAULT_OUT)
     try:
         m = matrix_mod.load(matrix)
         plans = plan(m)
@@ -293,31 +283,10 @@ def main(matrix: str, out: str | None, check: bool, karpenter: bool) -> None:
             check_reservations(m, karpenter, fh.read())
         files = writer.serialize(render(m, plans, karpenter), matrix_label(matrix), generator=GENERATOR)
     except MatrixError as err:
-        _bad_input(str(err))
+        bad_input(str(err))
         return
-
-    shown = display(out_dir)
     rerun = f"python {GENERATOR} {matrix}" + (f" --out {out}" if out else "") + (" --karpenter" if karpenter else "")
-    if check:
-        changes = writer.compare(out_dir, files, generator=GENERATOR)
-        for rel in changes.created:
-            click.echo(f"missing: {shown}/{rel}")
-        for rel in changes.updated:
-            click.echo(f"differs: {shown}/{rel}")
-        for rel in changes.deleted:
-            click.echo(f"stale: {shown}/{rel}")
-        if changes.all():
-            click.echo(f"{len(changes.all())} generated files are out of date; run: {rerun}", err=True)
-            sys.exit(EXIT_FAILURE)
-        click.echo(f"{len(files)} cluster definition files for {len(m.clusters)} clusters are up to date", err=True)
-        return
-    try:
-        changes = writer.write(out_dir, files, generator=GENERATOR)
-    except OSError as err:
-        click.echo(f"error: writing {shown}: {err}", err=True)
-        sys.exit(EXIT_FAILURE)
-    click.echo(f"{len(m.clusters)} clusters, {len(files)} files under {shown}: {len(changes.created)} created, "
-               f"{len(changes.updated)} updated, {len(changes.deleted)} stale deleted", err=True)
+    sync(out_dir, files, check=check, generator=GENERATOR, rerun=rerun, what=f"for {len(m.clusters)} clusters")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from generators.errors import MatrixError  # noqa: E402
 from generators.model import Plan  # noqa: E402
 from generators.plan import plan  # noqa: E402
 from generators.render import render  # noqa: E402
+from generators.writer import GENERATOR  # noqa: E402
 
 DEFAULT_OUT = REPO_ROOT / "overlays"
 EXIT_BAD_INPUT = 2
@@ -64,9 +65,47 @@ def format_table(plans: list[Plan]) -> str:
     return "\n".join(lines)
 
 
-def _bad_input(message: str) -> None:
+def bad_input(message: str) -> None:
+    """One line on stderr and exit 2: the user's input (matrix or options) is wrong."""
     click.echo(f"error: {message}", err=True)
     sys.exit(EXIT_BAD_INPUT)
+
+
+def output_dir(out: str | None, default: Path) -> Path:
+    """The --out directory; a path that exists and is not a directory is bad input."""
+    out_dir = Path(out) if out is not None else default
+    if out_dir.exists() and not out_dir.is_dir():
+        bad_input(f"--out {out}: is a file, not a directory; fix: pass a directory (or leave --out out)")
+    return out_dir
+
+
+def sync(out_dir: Path, files: dict[str, bytes], *, check: bool, generator: str, rerun: str,
+         what: str) -> None:
+    """Compare (--check: exit 1 naming each file that would change) or write the generated files.
+
+    `what` says what the files are for, e.g. "for 30 runs"; `rerun` is the command that regenerates.
+    """
+    shown = display(out_dir)
+    if check:
+        changes = writer.compare(out_dir, files, generator=generator)
+        for rel in changes.created:
+            click.echo(f"missing: {shown}/{rel}")
+        for rel in changes.updated:
+            click.echo(f"differs: {shown}/{rel}")
+        for rel in changes.deleted:
+            click.echo(f"stale: {shown}/{rel}")
+        if changes.all():
+            click.echo(f"{len(changes.all())} generated files are out of date; run: {rerun}", err=True)
+            sys.exit(EXIT_FAILURE)
+        click.echo(f"{len(files)} generated files {what} are up to date", err=True)
+        return
+    try:
+        changes = writer.write(out_dir, files, generator=generator)
+    except OSError as err:
+        click.echo(f"error: writing {shown}: {err}", err=True)
+        sys.exit(EXIT_FAILURE)
+    click.echo(f"{len(files)} files {what} under {shown}: {len(changes.created)} created, "
+               f"{len(changes.updated)} updated, {len(changes.deleted)} stale deleted", err=True)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -78,15 +117,12 @@ def _bad_input(message: str) -> None:
 def main(matrix: str, out: str | None, check: bool, list_runs: bool) -> None:
     """Expand MATRIX (an experiment matrix, e.g. matrix.yaml) into kustomize overlays."""
     if check and list_runs:
-        _bad_input("--check and --list: choose one; fix: drop one of the two options")
-    out_dir = Path(out) if out is not None else DEFAULT_OUT
-    if out_dir.exists() and not out_dir.is_dir():
-        _bad_input(f"--out {out}: is a file, not a directory; fix: pass a directory (or leave --out out)")
-
+        bad_input("--check and --list: choose one; fix: drop one of the two options")
+    out_dir = output_dir(out, DEFAULT_OUT)
     label = matrix_label(matrix)
     if not label.isascii():
-        _bad_input(f"{matrix}: MATRIX: the file name is not ASCII (generated files are ASCII only); "
-                   "fix: rename the matrix file")
+        bad_input(f"{matrix}: MATRIX: the file name is not ASCII (generated files are ASCII only); "
+                  "fix: rename the matrix file")
     try:
         m = matrix_mod.load(matrix)
         plans = plan(m)
@@ -96,31 +132,10 @@ def main(matrix: str, out: str | None, check: bool, list_runs: bool) -> None:
         root_from_out = Path(os.path.relpath(REPO_ROOT, out_dir.resolve())).as_posix()
         files = writer.serialize(render(m, plans, root_from_out), label)
     except MatrixError as err:
-        _bad_input(str(err))
+        bad_input(str(err))
         return
-
-    shown = display(out_dir)
-    if check:
-        changes = writer.compare(out_dir, files)
-        for rel in changes.created:
-            click.echo(f"missing: {shown}/{rel}")
-        for rel in changes.updated:
-            click.echo(f"differs: {shown}/{rel}")
-        for rel in changes.deleted:
-            click.echo(f"stale: {shown}/{rel}")
-        if changes.all():
-            click.echo(f"{len(changes.all())} generated files are out of date; run: "
-                       f"python generators/expand.py {matrix}" + (f" --out {out}" if out else ""), err=True)
-            sys.exit(EXIT_FAILURE)
-        click.echo(f"{len(files)} generated files for {len(plans)} runs are up to date", err=True)
-        return
-    try:
-        changes = writer.write(out_dir, files)
-    except OSError as err:
-        click.echo(f"error: writing {shown}: {err}", err=True)
-        sys.exit(EXIT_FAILURE)
-    click.echo(f"{len(plans)} runs, {len(files)} files under {shown}: {len(changes.created)} created, "
-               f"{len(changes.updated)} updated, {len(changes.deleted)} stale deleted", err=True)
+    sync(out_dir, files, check=check, generator=GENERATOR,
+         rerun=f"python {GENERATOR} {matrix}" + (f" --out {out}" if out else ""), what=f"for {len(plans)} runs")
 
 
 if __name__ == "__main__":
