@@ -1,0 +1,476 @@
+"""Scaling report: a Markdown table and SVG charts from benchmark results and trainer runs.
+
+    python generators/report.py benchmarks/results/*.jsonl
+    python generators/report.py out/g1 out/g2 out/g4 out/g8 --out report/
+    python generators/report.py out/*/metrics.jsonl --baseline-world-size 1 --warmup-logs 5
+
+An INPUT is one of:
+- a trainer run directory (the trainer's metrics.output_dir, holding metrics.jsonl and run.json), or
+  that metrics.jsonl itself: rank 0's JSON lines (trainer/metrics.py) and the run info the trainer
+  writes at start (trainer/train.py: world size, resolved config, mesh, device). The first
+  --warmup-logs logged steps of every launch are warm-up and compilation and are dropped (a new
+  launch starts where restart_count changes or the step goes back, as after a resume); the figures
+  are the medians of the remaining logged steps, peak memory included. Series:
+  `<model.name> <sharding_strategy>`; HYBRID_SHARD adds its shard group size (mesh.shard).
+- any other file: JSON lines of benchmarks/common.py emit(), one measured configuration a line (the
+  benchmark already dropped its warm-up and took the median step time). Series: the `name`.
+
+Repeated measurements of one series at one world size are combined by their median (the table
+counts them). Per point: tokens/s per GPU, tokens/s in total (per GPU x GPUs), MFU, step time, peak
+memory, and scaling efficiency = tokens/s per GPU / tokens/s per GPU of the same series at the
+baseline world size (--baseline-world-size; default the smallest world size of each series).
+Series are sorted by name and points by world size, so the output does not depend on input order.
+
+Output: the Markdown table on stdout; with --out DIR also DIR/report.md (the table, both charts and
+the source of every measurement with its command), DIR/scaling.svg (tokens/s per GPU against GPUs
+on a log2 axis, with a dashed ideal-scaling line and efficiency labels per series) and DIR/mfu.svg
+(MFU against GPUs), written through the generators' writer (generators/writer.py; unchanged files
+are left alone). The same inputs give the same bytes. Bad input (a missing file, a line that is not
+JSON, a missing or mistyped key, no records) prints one line on stderr naming the file, line and key
+with the fix, exits 2 and writes nothing; failing to write exits 1.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:  # run as `python generators/report.py` from anywhere
+    sys.path.insert(0, str(REPO_ROOT))
+
+import click  # noqa: E402
+
+from generators import writer  # noqa: E402
+from generators.errors import MatrixError  # noqa: E402
+from generators.svgchart import Series, line_chart  # noqa: E402
+
+GENERATOR = "generators/report.py"
+EXIT_BAD_INPUT = 2
+EXIT_FAILURE = 1
+DEFAULT_WARMUP_LOGS = 3
+BENCH_FIX = "pass JSON lines written by benchmarks/common.py emit() (e.g. benchmarks/train_bench.py --json FILE)"
+RUN_FIX = "pass a trainer run directory (metrics.output_dir of trainer/train.py: metrics.jsonl and run.json)"
+INPUT_FIX = "pass benchmark JSON-lines files and/or trainer run directories"
+
+
+class ReportError(MatrixError):
+    """Bad results given to the report; the same one-line format as every generator input error."""
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One measured configuration: a benchmark line, or a trainer run's medians after warm-up."""
+
+    series: str
+    world_size: int
+    tokens_per_s_per_gpu: float
+    mfu: float  # a fraction of the GPU's peak
+    step_time_s: float
+    peak_mem_gib: float | None  # None where the source has none (a benchmark on CPU)
+    source: str  # `file:line` of a benchmark record, or the trainer run as given
+    device: str  # GPU name, "cpu", or "" when the source does not say
+    command: str  # the command that measured it (benchmarks), or ""
+    note: str = ""  # how the figures were taken, where the command does not say
+
+
+@dataclass(frozen=True)
+class Point:
+    """One series at one world size, with its scaling efficiency."""
+
+    series: str
+    world_size: int
+    tokens_per_s_per_gpu: float
+    tokens_per_s: float
+    mfu: float
+    step_time_s: float
+    peak_mem_gib: float | None
+    efficiency: float  # tokens/s per GPU over that of the series at baseline_world_size
+    baseline_world_size: int
+    measurements: tuple[Measurement, ...]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Reading
+
+
+@dataclass(frozen=True)
+class _At:
+    """Where a record came from, for error messages."""
+
+    file: str
+    line: int
+    fix: str
+    text: str = ""  # a whole-JSON file's text: keys are then located by searching it
+
+
+def _fail(at: _At, key: str, message: str) -> ReportError:
+    line = at.line or (_json_key_line(at.text, key) if at.text else 0)
+    return ReportError(message, file=at.file, line=line, key=key, fix=at.fix)
+
+
+def _json_key_line(text: str, key: str) -> int:
+    """Line of a dotted key in indented JSON (run.json), or of its nearest present parent; 0 if none."""
+    pos, line = 0, 0
+    for part in key.split("."):
+        found = text.find(json.dumps(part) + ":", pos)
+        if found < 0:
+            break
+        pos = found
+        line = text.count("\n", 0, found) + 1
+    return line
+
+
+def _read_text(path: Path, label: str, fix: str) -> str:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ReportError("no such file", file=label, fix=fix) from None
+    except OSError as err:
+        raise ReportError(f"cannot be read ({err.strerror})", file=label, fix=fix) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise ReportError("is not UTF-8 text", file=label, line=line, fix=fix) from None
+
+
+def _json_lines(path: Path, label: str, fix: str) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, object) of every non-blank line; at least one."""
+    records = []
+    for number, line in enumerate(_read_text(path, label, fix).split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ReportError(f"not JSON ({err.msg} at column {err.colno})", file=label, line=number,
+                              fix=fix) from None
+        if not isinstance(value, dict):
+            raise ReportError(f"a JSON {type(value).__name__}, not an object", file=label, line=number, fix=fix)
+        records.append((number, value))
+    if not records:
+        raise ReportError("holds no records (empty input)", file=label, fix=fix)
+    return records
+
+
+def _get(record: dict[str, Any], key: str, at: _At) -> Any:
+    node: Any = record
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise _fail(at, key, "missing")
+        node = node[part]
+    return node
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _int(record: dict[str, Any], key: str, at: _At, minimum: int = 1) -> int:
+    value = _get(record, key, at)
+    if type(value) is not int or value < minimum:
+        raise _fail(at, key, f"must be an integer >= {minimum}, got {_shown(value)}")
+    return value
+
+
+def _number(record: dict[str, Any], key: str, at: _At, *, positive: bool) -> float:
+    value = _get(record, key, at)
+    ok = type(value) in (int, float) and math.isfinite(value) and (value > 0 if positive else value >= 0)
+    if not ok:
+        raise _fail(at, key, f"must be a finite number {'> 0' if positive else '>= 0'}, got {_shown(value)}")
+    return float(value)
+
+
+def _text(record: dict[str, Any], key: str, at: _At) -> str:
+    value = _get(record, key, at)
+    if not isinstance(value, str) or not value.strip() or not value.isprintable():
+        raise _fail(at, key, f"must be a non-empty line of text, got {_shown(value)}")
+    return value
+
+
+def load_benchmarks(path: Path, label: str) -> list[Measurement]:
+    """Every record of a benchmarks/common.py emit() JSON-lines file."""
+    out = []
+    for line, record in _json_lines(path, label, BENCH_FIX):
+        at = _At(label, line, BENCH_FIX)
+        versions = record.get("versions")
+        device = versions.get("gpu", "") if isinstance(versions, dict) else ""
+        out.append(Measurement(
+            series=_text(record, "name", at),
+            world_size=_int(record, "world_size", at),
+            tokens_per_s_per_gpu=_number(record, "tokens_per_s_per_gpu", at, positive=True),
+            mfu=_number(record, "mfu", at, positive=False),
+            step_time_s=_number(record, "median_step_time_s", at, positive=True),
+            peak_mem_gib=(_number(record, "peak_allocated_gib", at, positive=False)
+                          if "peak_allocated_gib" in record else None),
+            source=f"{label}:{line}",
+            device=device if isinstance(device, str) else "",
+            command=_text(record, "command", at),
+        ))
+    return out
+
+
+def load_run(path: Path, label: str, warmup_logs: int) -> Measurement:
+    """A trainer run (its metrics.output_dir, or the metrics.jsonl in it): medians after warm-up."""
+    metrics_path = path / "metrics.jsonl" if path.is_dir() else path
+    metrics_label = os.path.join(label, "metrics.jsonl") if path.is_dir() else label
+    info_label = os.path.join(os.path.dirname(metrics_label), "run.json")
+    if not metrics_path.is_file():
+        raise ReportError("no metrics.jsonl in this directory", file=label, fix=RUN_FIX)
+
+    info_text = _read_text(metrics_path.parent / "run.json", info_label, RUN_FIX)
+    try:
+        info = json.loads(info_text)
+    except json.JSONDecodeError as err:
+        raise ReportError(f"not JSON ({err.msg} at column {err.colno})", file=info_label, line=err.lineno,
+                          fix=RUN_FIX) from None
+    if not isinstance(info, dict):
+        raise ReportError("is not a JSON object", file=info_label, fix=RUN_FIX)
+    at_info = _At(info_label, 0, RUN_FIX, info_text)
+    world_size = _int(info, "world_size", at_info)
+    strategy = _text(info, "config.parallelism.sharding_strategy", at_info)
+    series = f"{_text(info, 'config.model.name', at_info)} {strategy}"
+    if strategy == "HYBRID_SHARD":
+        series += f" (shard groups of {_int(info, 'mesh.shard', at_info)})"
+    device = info.get("device_name")
+
+    kept: list[tuple[float, float, float, float]] = []
+    previous: tuple[int, int] | None = None
+    launches = since_launch = 0
+    records = _json_lines(metrics_path, metrics_label, RUN_FIX)
+    for line, record in records:
+        at = _At(metrics_label, line, RUN_FIX)
+        step = _int(record, "step", at)
+        restart = _int(record, "restart_count", at, minimum=0)
+        logged_world = _int(record, "world_size", at)
+        if logged_world != world_size:
+            raise _fail(at, "world_size", f"is {logged_world} but {info_label} says {world_size} (a launch at "
+                                          "another size shares this directory)")
+        figures = (_number(record, "tokens_per_s_per_gpu", at, positive=True),
+                   _number(record, "mfu", at, positive=False),
+                   _number(record, "step_time_s", at, positive=True),
+                   _number(record, "peak_mem_gib", at, positive=False))
+        if previous is None or restart != previous[1] or step <= previous[0]:
+            launches += 1
+            since_launch = 0
+        previous = (step, restart)
+        since_launch += 1
+        if since_launch > warmup_logs:
+            kept.append(figures)
+    if not kept:
+        raise ReportError(
+            f"all {len(records)} logged steps ({launches} launch(es)) are warm-up with --warmup-logs {warmup_logs}",
+            file=metrics_label, key="step", fix="train more steps or log more often, or lower --warmup-logs")
+    columns = list(zip(*kept))
+    return Measurement(
+        series=series, world_size=world_size,
+        tokens_per_s_per_gpu=statistics.median(columns[0]), mfu=statistics.median(columns[1]),
+        step_time_s=statistics.median(columns[2]), peak_mem_gib=statistics.median(columns[3]),
+        source=label, device=device if isinstance(device, str) else "", command="",
+        note=f"median of {len(kept)} logged steps after {warmup_logs} warm-up logs per launch "
+             f"({launches} launch(es))")
+
+
+def load(inputs: Sequence[str], warmup_logs: int) -> list[Measurement]:
+    """Every measurement of INPUT..., in input order."""
+    if not inputs:
+        raise ReportError("no INPUT given (empty input)", key="INPUT", fix=INPUT_FIX)
+    out: list[Measurement] = []
+    for raw in inputs:
+        path = Path(raw)
+        if not path.exists():
+            raise ReportError("no such file or directory", file=raw, fix=INPUT_FIX)
+        if path.is_dir() or path.name == "metrics.jsonl":
+            out.append(load_run(path, raw, warmup_logs))
+        else:
+            out.extend(load_benchmarks(path, raw))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Scaling
+
+
+def _median_or_none(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def summarise(measurements: Sequence[Measurement], baseline_world_size: int | None = None) -> list[Point]:
+    """Group into series, combine repeats by the median, and compute totals and efficiency."""
+    groups: dict[tuple[str, int], list[Measurement]] = {}
+    for m in measurements:
+        groups.setdefault((m.series, m.world_size), []).append(m)
+    points: list[Point] = []
+    for name in sorted({series for series, _ in groups}):
+        sizes = sorted(size for series, size in groups if series == name)
+        baseline = sizes[0] if baseline_world_size is None else baseline_world_size
+        if baseline not in sizes:
+            raise ReportError(
+                f"series {name!r} has no measurement at {baseline} GPUs (it has {', '.join(map(str, sizes))})",
+                key="--baseline-world-size",
+                fix="leave the option out (each series' smallest world size) or add a run at that size")
+        per_gpu = {size: statistics.median(m.tokens_per_s_per_gpu for m in groups[(name, size)]) for size in sizes}
+        for size in sizes:
+            group = groups[(name, size)]
+            points.append(Point(
+                series=name, world_size=size, tokens_per_s_per_gpu=per_gpu[size],
+                tokens_per_s=per_gpu[size] * size,
+                mfu=statistics.median(m.mfu for m in group),
+                step_time_s=statistics.median(m.step_time_s for m in group),
+                peak_mem_gib=_median_or_none([m.peak_mem_gib for m in group]),
+                efficiency=per_gpu[size] / per_gpu[baseline], baseline_world_size=baseline,
+                measurements=tuple(group)))
+    return points
+
+
+# ---------------------------------------------------------------------------------------------------
+# Rendering (pure: text and bytes, no I/O)
+
+COLUMNS = ("series", "GPUs", "tokens/s per GPU", "tokens/s", "MFU", "scaling efficiency", "step time (s)",
+           "peak memory (GiB)", "measurements")
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def markdown_table(points: Sequence[Point]) -> str:
+    """The report table, columns padded so it also reads as plain text."""
+    rows = [[_cell(p.series), str(p.world_size), f"{p.tokens_per_s_per_gpu:,.0f}", f"{p.tokens_per_s:,.0f}",
+             f"{p.mfu:.1%}", f"{p.efficiency:.1%}", f"{p.step_time_s:.4f}",
+             "-" if p.peak_mem_gib is None else f"{p.peak_mem_gib:.1f}", str(len(p.measurements))]
+            for p in points]
+    widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(COLUMNS)]
+    # The series column is left-aligned, every figure right-aligned.
+    line = lambda cells: "| " + " | ".join(  # noqa: E731
+        c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))) + " |"
+    rule = "|" + "|".join(("-" * (w + 2)) if i == 0 else ("-" * (w + 1) + ":") for i, w in enumerate(widths)) + "|"
+    return "\n".join([line(COLUMNS), rule] + [line(r) for r in rows])
+
+
+def _by_series(points: Sequence[Point]) -> list[list[Point]]:
+    out: list[list[Point]] = []
+    for p in points:
+        if not out or out[-1][0].series != p.series:
+            out.append([])
+        out[-1].append(p)
+    return out
+
+
+def _tokens_tick(value: float) -> str:
+    return f"{value:,.0f}" if value >= 10 or value == 0 else f"{value:.3g}"
+
+
+def _percent_tick(value: float) -> str:
+    return f"{value * 100:g}%"
+
+
+def scaling_svg(points: Sequence[Point]) -> str:
+    """Tokens/s per GPU against GPUs; efficiency labels everywhere but at the baseline."""
+    series = []
+    for group in _by_series(points):
+        baseline = next(p for p in group if p.world_size == p.baseline_world_size)
+        series.append(Series(
+            name=group[0].series,
+            points=tuple((p.world_size, p.tokens_per_s_per_gpu) for p in group),
+            labels=tuple("" if p is baseline else f"{p.efficiency:.0%}" for p in group),
+            ideal=baseline.tokens_per_s_per_gpu))
+    return line_chart(series, title="Tokens/s per GPU (labels: scaling efficiency)", x_label="GPUs (log2 scale)",
+                      y_label="tokens/s per GPU", y_tick=_tokens_tick)
+
+
+def mfu_svg(points: Sequence[Point]) -> str:
+    series = [Series(name=group[0].series, points=tuple((p.world_size, p.mfu) for p in group))
+              for group in _by_series(points)]
+    return line_chart(series, title="Model FLOPs utilisation", x_label="GPUs (log2 scale)", y_label="MFU",
+                      y_tick=_percent_tick)
+
+
+def _code(text: str) -> str:
+    fence = "``" if "`" in text else "`"
+    pad = " " if fence == "``" else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def report_markdown(points: Sequence[Point], baseline_world_size: int | None) -> str:
+    baseline = (f"{baseline_world_size} GPU{'s' if baseline_world_size != 1 else ''}"
+                if baseline_world_size is not None else "its smallest world size")
+    lines = [
+        "# Scaling report", "",
+        f"Written by `python {GENERATOR}`. Figures are medians after warm-up. tokens/s = tokens/s per GPU x GPUs.",
+        f"Scaling efficiency = tokens/s per GPU / tokens/s per GPU of the same series at {baseline}.",
+        "MFU is against the GPU's dense bf16 peak (0 on CPU).", "",
+        markdown_table(points), "",
+        "![Tokens/s per GPU against GPUs, with ideal scaling](scaling.svg)", "",
+        "![MFU against GPUs](mfu.svg)", "",
+        "## Measurements", "",
+    ]
+    for p in points:
+        for m in p.measurements:
+            device = f" ({m.device})" if m.device else ""
+            note = _code(m.command) if m.command else m.note
+            lines.append(f"- {_cell(p.series)}, {p.world_size} GPU{'s' if p.world_size != 1 else ''}: "
+                         f"{m.source}{device}: {note}")
+    return "\n".join(lines) + "\n"
+
+
+def render(points: Sequence[Point], baseline_world_size: int | None) -> dict[str, bytes]:
+    """{file name under --out: bytes}. SVG text stays ASCII (other characters as XML references)."""
+    return {
+        "report.md": report_markdown(points, baseline_world_size).encode("utf-8"),
+        "scaling.svg": scaling_svg(points).encode("ascii", "xmlcharrefreplace"),
+        "mfu.svg": mfu_svg(points).encode("ascii", "xmlcharrefreplace"),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------
+# Command line
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("inputs", nargs=-1, metavar="INPUT...")
+@click.option("--out", metavar="DIR", default=None, help="Also write report.md, scaling.svg and mfu.svg into DIR.")
+@click.option("--baseline-world-size", type=int, metavar="N", default=None,
+              help="World size that counts as 100% efficiency (default: the smallest of each series).")
+@click.option("--warmup-logs", type=int, metavar="N", default=DEFAULT_WARMUP_LOGS, show_default=True,
+              help="Logged steps dropped at the start of every trainer launch (warm-up, compilation).")
+def main(inputs: tuple[str, ...], out: str | None, baseline_world_size: int | None, warmup_logs: int) -> None:
+    """Scaling report from benchmark JSON lines and trainer run directories (INPUT...)."""
+    out_dir = Path(out) if out is not None else None
+    try:
+        if baseline_world_size is not None and baseline_world_size < 1:
+            raise ReportError(f"must be at least 1, got {baseline_world_size}", key="--baseline-world-size",
+                              fix="pass a world size of the series, or leave the option out")
+        if warmup_logs < 0:
+            raise ReportError(f"must be 0 or more, got {warmup_logs}", key="--warmup-logs",
+                              fix="pass how many logged steps to drop at the start of each launch")
+        if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
+            raise ReportError("is a file, not a directory", key=f"--out {out}", fix="pass a directory")
+        points = summarise(load(inputs, warmup_logs), baseline_world_size)
+        files = render(points, baseline_world_size) if out_dir is not None else {}
+    except ReportError as err:
+        click.echo(f"error: {err}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+
+    click.echo(markdown_table(points))
+    if out_dir is None:
+        return
+    try:
+        changes = writer.write(out_dir, files, generator=GENERATOR)
+    except OSError as err:
+        click.echo(f"error: writing {out}: {err}", err=True)
+        sys.exit(EXIT_FAILURE)
+    click.echo(f"{len(files)} files under {out}: {len(changes.created)} created, {len(changes.updated)} updated",
+               err=True)
+
+
+if __name__ == "__main__":
+    main()
