@@ -223,7 +223,8 @@ def load_run(path: Path, label: str, warmup_logs: int) -> Measurement:
     metrics_label = os.path.join(label, "metrics.jsonl") if path.is_dir() else label
     info_label = os.path.join(os.path.dirname(metrics_label), "run.json")
     if not metrics_path.is_file():
-        raise ReportError("no metrics.jsonl in this directory", file=label, fix=RUN_FIX)
+        raise ReportError("no metrics.jsonl in this directory", file=label,
+                          fix=RUN_FIX + ", or the benchmark JSON-lines files themselves")
 
     info_text = _read_text(metrics_path.parent / "run.json", info_label, RUN_FIX)
     try:

@@ -42,8 +42,12 @@ def _f(value: float) -> str:
     return "0.0" if text == "-0.0" else text
 
 
-def _attr(value: str) -> str:
-    return quoteattr(value)
+def _style(index: int) -> tuple[str, str, str]:
+    """(colour, dash attribute, marker fill) of the index-th series. Past the first ten the colours
+    repeat with a dash pattern and hollow markers (a lone point has no line to show its dash)."""
+    colour = PALETTE[index % len(PALETTE)]
+    dash = DASHES[(index // len(PALETTE)) % len(DASHES)]
+    return colour, f' stroke-dasharray="{dash}"' if dash else "", colour if index < len(PALETTE) else "#ffffff"
 
 
 def nice_ticks(top: float) -> list[float]:
@@ -126,12 +130,8 @@ def line_chart(series: Sequence[Series], *, title: str, x_label: str, y_label: s
             label_y[(i, j)] = floor = max(y, floor + LABEL_GAP)
 
     for index, s in enumerate(series):
-        colour = PALETTE[index % len(PALETTE)]
-        dash = DASHES[(index // len(PALETTE)) % len(DASHES)]
-        dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
-        # Hollow markers past the first ten series: a lone point has no line to show its dash.
-        marker_fill = colour if index < len(PALETTE) else "#ffffff"
-        out.append(f'<g class="series" data-series={_attr(s.name)} stroke={_attr(colour)}>')
+        colour, dash_attr, marker_fill = _style(index)
+        out.append(f'<g class="series" data-series={quoteattr(s.name)} stroke={quoteattr(colour)}>')
         xs = [x for x, _ in s.points]
         if s.ideal is not None and xs[0] != xs[-1]:
             # Perfect scaling keeps the per-GPU figure flat: a dashed line at the baseline value.
@@ -140,23 +140,21 @@ def line_chart(series: Sequence[Series], *, title: str, x_label: str, y_label: s
         coords = " ".join(f"{_f(px(x))},{_f(py(v))}" for x, v in s.points)
         out.append(f'<polyline class="measured" points="{coords}" fill="none" stroke-width="2"{dash_attr}/>')
         for x, v in s.points:
-            out.append(f'<circle cx="{_f(px(x))}" cy="{_f(py(v))}" r="3.5" fill={_attr(marker_fill)}/>')
+            out.append(f'<circle cx="{_f(px(x))}" cy="{_f(py(v))}" r="3.5" fill={quoteattr(marker_fill)}/>')
         for j, ((x, v), label) in enumerate(zip(s.points, s.labels)):
             if label:
-                out.append(f'<text x="{_f(px(x) + 6)}" y="{_f(label_y[(index, j)])}" fill={_attr(colour)} stroke="none">'
-                           f"{escape(label)}</text>")
+                out.append(f'<text x="{_f(px(x) + 6)}" y="{_f(label_y[(index, j)])}" fill={quoteattr(colour)} '
+                           f'stroke="none">{escape(label)}</text>')
         out.append("</g>")
 
     out.append('<g class="legend">')
     for index, s in enumerate(series):
-        colour = PALETTE[index % len(PALETTE)]
-        dash = DASHES[(index // len(PALETTE)) % len(DASHES)]
-        dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
+        colour, dash_attr, marker_fill = _style(index)
         y = TOP + LEGEND_ROW * index + 6
-        out.append(f'<line x1="{legend_x}" y1="{y}" x2="{legend_x + 24}" y2="{y}" stroke={_attr(colour)} '
+        out.append(f'<line x1="{legend_x}" y1="{y}" x2="{legend_x + 24}" y2="{y}" stroke={quoteattr(colour)} '
                    f'stroke-width="2"{dash_attr}/>')
-        fill = colour if index < len(PALETTE) else "#ffffff"
-        out.append(f'<circle cx="{legend_x + 12}" cy="{y}" r="3.5" fill={_attr(fill)} stroke={_attr(colour)}/>')
+        out.append(f'<circle cx="{legend_x + 12}" cy="{y}" r="3.5" fill={quoteattr(marker_fill)} '
+                   f'stroke={quoteattr(colour)}/>')
         out.append(f'<text x="{legend_x + 30}" y="{y + 4}">{escape(s.name)}</text>')
     if any(s.ideal is not None and s.points[0][0] != s.points[-1][0] for s in series):
         y = TOP + LEGEND_ROW * len(series) + 6

@@ -1,0 +1,71 @@
+"""The report over real trainer runs: the tiny model trained by torchrun on CPU with 1 and 2 ranks,
+both run directories fed to the report CLI."""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from generators.report import load, main, summarise
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+STEPS = 6
+WARMUP_LOGS = 3
+TIMEOUT_S = 240
+
+
+def torchrun(nproc: int, out: Path) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")])))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "trainer.train", "--config", "trainer/configs/tiny.yaml", f"training.max_steps={STEPS}",
+           f"checkpoint.dir={out / 'ckpt'}", f"metrics.output_dir={out / 'metrics'}", "checkpoint.export_dir="]
+    return subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.fixture(scope="module")
+def run_dirs(tmp_path_factory) -> list[Path]:
+    """metrics.output_dir of a 1-rank and a 2-rank run (launched together to save wall time)."""
+    root = tmp_path_factory.mktemp("report-runs")
+    procs = {n: torchrun(n, root / f"g{n}") for n in (1, 2)}
+    for n, proc in procs.items():
+        try:
+            output, _ = proc.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            output, _ = proc.communicate()
+        assert proc.returncode == 0, f"{n} rank(s): exit {proc.returncode}\n{output[-4000:]}"
+    return [root / "g1" / "metrics", root / "g2" / "metrics"]
+
+
+def test_report_over_real_runs_shows_both_world_sizes_with_finite_efficiency(run_dirs, tmp_path):
+    out = tmp_path / "report"
+    result = CliRunner().invoke(main, [*map(str, run_dirs), "--out", str(out), "--warmup-logs", str(WARMUP_LOGS)])
+    assert result.exit_code == 0, result.output
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in result.stdout.splitlines()[2:]]
+    assert [(r[0], r[1]) for r in rows] == [("tiny FULL_SHARD", "1"), ("tiny FULL_SHARD", "2")]
+    efficiencies = [float(r[5].rstrip("%")) for r in rows]
+    assert efficiencies[0] == 100.0
+    assert math.isfinite(efficiencies[1]) and efficiencies[1] > 0
+    assert sorted(p.name for p in out.iterdir()) == ["mfu.svg", "report.md", "scaling.svg"]
+    polylines = ET.parse(out / "scaling.svg").getroot().findall(".//{http://www.w3.org/2000/svg}polyline")
+    assert len(polylines) == 1 and len(polylines[0].get("points").split()) == 2
+
+
+def test_figures_are_medians_of_the_logged_steps_after_warmup(run_dirs):
+    measurements = load([str(d) for d in run_dirs], WARMUP_LOGS)
+    assert [m.world_size for m in measurements] == [1, 2]
+    for m in measurements:
+        assert m.device == "cpu" and m.mfu == 0.0
+        assert f"median of {STEPS - WARMUP_LOGS} logged steps" in m.note
+    one, two = summarise(measurements)
+    assert two.tokens_per_s == pytest.approx(2 * two.tokens_per_s_per_gpu)
+    assert two.efficiency == pytest.approx(two.tokens_per_s_per_gpu / one.tokens_per_s_per_gpu)
+    assert math.isfinite(two.efficiency) and two.efficiency > 0
