@@ -28,7 +28,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import yaml
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
+                                                     set_state_dict)
 
 from trainer.config import CheckpointConfig
 
@@ -128,14 +129,24 @@ class Checkpointer:
         dist.barrier()
         return final
 
-    def load(self, path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        """Restore model, optimizer and RNG in place; returns trainer_state.json's content."""
-        model_sd, optim_sd = get_state_dict(model, optimizer)
-        state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, checkpoint_id=path)
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    def load(self, path: str, model: torch.nn.Module,
+             optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+        """Restore model, optimizer (None: model only, e.g. for evaluation) and RNG in place.
+
+        Returns trainer_state.json's content.
+        """
+        if optimizer is None:
+            state = {"model": get_model_state_dict(model)}
+            dcp.load(state, checkpoint_id=path)
+            set_model_state_dict(model, state["model"])
+        else:
+            model_sd, optim_sd = get_state_dict(model, optimizer)
+            state = {"model": model_sd, "optim": optim_sd}
+            dcp.load(state, checkpoint_id=path)
+            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         rng_file = os.path.join(path, f"rng-rank{self.rank:05d}.pt")
         if os.path.isfile(rng_file):
-            set_rng_state(torch.load(rng_file, weights_only=False))
+            # A different world size has no state for this rank; the run then keeps its seeded RNG.
+            set_rng_state(torch.load(rng_file, weights_only=True))
         with open(os.path.join(path, "trainer_state.json"), encoding="utf-8") as fh:
             return json.load(fh)

@@ -30,19 +30,38 @@ from trainer.config import ParallelismConfig, TrainConfig, check_topology
 from trainer.memory import GIB, resolve_auto, shard_size
 
 
+def _attempt_store() -> dist.Store | None:
+    """torchrun's shared store, namespaced by restart attempt; None where env:// needs no help.
+
+    Under the c10d rendezvous torchrun's agent hosts one TCPStore for the whole job
+    (TORCHELASTIC_USE_AGENT_STORE=True) and restarted workers find the previous attempt's keys in it:
+    gloo then connects to dead addresses and NCCL can read a stale unique id, and the restart hangs
+    or fails (pytorch/pytorch#135712). A per-attempt prefix keeps the attempts apart. The restart
+    count is per agent, so on several nodes launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (a fresh
+    store per rendezvous round); the etcd rendezvous never shares its store and needs neither.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
+        return None
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          int(os.environ["WORLD_SIZE"]), is_master=False)
+    return dist.PrefixStore(f"trainer/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+
+
 def init_distributed(local_rank: int) -> torch.device:
-    """Join the process group torchrun set up (env://) and pick this rank's device."""
+    """Join the process group of torchrun's environment and pick this rank's device."""
     # Expandable segments keep the reserved memory close to the allocated (the large runs sit near the
     # GPU's capacity, where fragmentation turns into out-of-memory); set before the first allocation.
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    store = _attempt_store()
+    topology = dict(store=store, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"])) if store else {}
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         # gloo beside NCCL serves CPU-side collectives (object broadcasts, barriers of checkpointing).
-        dist.init_process_group("cpu:gloo,cuda:nccl", device_id=device)
+        dist.init_process_group("cpu:gloo,cuda:nccl", device_id=device, **topology)
     else:
         device = torch.device("cpu")
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", **topology)
     return device
 
 
