@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
@@ -209,8 +210,12 @@ def _type_name(tp: Any) -> str:
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(tp, str(tp))
 
 
+_EXPONENT_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """Check `value` against the field type `tp`; no silent conversions except int -> float."""
+    """Check `value` against the field type `tp`; no silent conversions except int -> float (and
+    exponent-notation strings -> float, see below)."""
     if typing.get_origin(tp) is Literal:
         allowed = typing.get_args(tp)
         if value not in allowed:
@@ -221,6 +226,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     elif tp is int:
         ok = isinstance(value, int) and not isinstance(value, bool)
     elif tp is float:
+        # PyYAML reads YAML 1.1, where `3e-4` (no dot) is a string; YAML 1.2 and users call it a number.
+        if isinstance(value, str) and _EXPONENT_FLOAT.fullmatch(value):
+            value = float(value)
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         value = float(value) if ok else value
     elif tp is str:

@@ -214,9 +214,33 @@ def _single_process_defaults() -> None:
                       LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
 
 
-def _fail(err: ConfigError, env_rank: int) -> int:
-    if env_rank == 0:
-        print(f"error: {err}", file=sys.stderr, flush=True)
+def _where(key: str, config_path: str, overrides: Sequence[str]) -> str:
+    """Where a config key was set: the command line, or the file and line (best effort)."""
+    if any(item.partition("=")[0] == key for item in overrides):
+        return "command line"
+    if "." not in key or not os.path.isfile(config_path):
+        return ""
+    import yaml
+
+    try:
+        with open(config_path, encoding="utf-8") as fh:
+            node = yaml.compose(fh)
+    except yaml.YAMLError:
+        return config_path
+    for part in key.split("."):
+        match = [(k, v) for k, v in getattr(node, "value", ()) if isinstance(node, yaml.MappingNode)
+                 and getattr(k, "value", None) == part]
+        if not match:
+            return config_path
+        key_node, node = match[0]
+    return f"{config_path} line {key_node.start_mark.line + 1}"
+
+
+def _fail(err: ConfigError, rank: int, config_path: str, overrides: Sequence[str]) -> int:
+    """One line on stderr from rank 0 (every rank hits the same error); exit status 2."""
+    if rank == 0:
+        where = _where(err.key, config_path, overrides)
+        print(f"error: {where + ': ' if where else ''}{err}", file=sys.stderr, flush=True)
     return 2
 
 
@@ -234,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _single_process_defaults()
         train(cfg, env)
     except ConfigError as err:
-        return _fail(err, rank)
+        return _fail(err, rank, args.config, args.overrides)
     return 0
 
 
