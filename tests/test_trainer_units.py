@@ -268,3 +268,29 @@ def test_safetensors_slices_read_into_shards(tmp_path):
     os.remove(tmp_path / "model.safetensors")
     with pytest.raises(ConfigError, match="model.safetensors"):
         SafetensorsReader(str(tmp_path))
+
+
+def test_checkpoint_tokenizer_path(tmp_path):
+    # A real Hugging Face tokenizer directory, trained here (no download): the path models take.
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from trainer.data import load_tokenizer
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    texts = [json.loads(line)["dialogue"] for line in open(SAMSUM)]
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<s>", "</s>"],
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                            unk_token="<unk>").save_pretrained(tmp_path)
+    hf = load_tokenizer(str(tmp_path), vocab_size=32000)
+    assert hf.bos_token_id == 1 and hf.eos_token_id == 2 and hf.pad_token_id == 2
+    ds = build_dataset(DataConfig(path=SAMSUM, format="samsum", seq_len=256), hf, 32000, 0)
+    assert ds.num_examples == 320 and int(ds.inputs.max()) < 400
+    # Subword tokens: far fewer than bytes, and each example still ends in EOS with a trained target.
+    assert int(ds.lengths.sum()) < 0.6 * sum(len(line) for line in open(SAMSUM))
+    assert int((ds.targets == hf.eos_token_id).sum()) == 320
+    with pytest.raises(ConfigError) as err:
+        load_tokenizer(str(tmp_path / "missing"), vocab_size=32000)
+    assert err.value.key == "model.path"
