@@ -24,7 +24,10 @@ logged one; times are wall-clock between synchronised points, so they include da
     restart_count        torchrun's restart counter of this process (TORCHELASTIC_RESTART_COUNT)
     world_size, time     ranks; unix time of the log
 
-Prometheus (text format at http://<rank-0 pod>:<metrics.prometheus_port>/metrics), stable names:
+Prometheus (text format at http://<pod>:<metrics.prometheus_port>/metrics), served by local rank 0 of
+every node, so every pod the PodMonitor selects answers (a pod without an endpoint would be a down
+target). The figures are the global ones, the same on every node, except the peak memory, which is
+that node's local rank 0's; aggregate across pods with max. Stable names:
 
     fsdp_step, fsdp_loss, fsdp_learning_rate, fsdp_grad_norm, fsdp_tokens_total (counter),
     fsdp_tokens_per_second, fsdp_tokens_per_second_per_gpu, fsdp_mfu_ratio, fsdp_step_time_seconds,
@@ -91,7 +94,7 @@ class PrometheusExporter:
             "tokens_per_s_per_gpu": g("fsdp_tokens_per_second_per_gpu", "Non-padding tokens per second per rank"),
             "mfu": g("fsdp_mfu_ratio", "Model FLOPs utilisation (0-1)"),
             "step_time_s": g("fsdp_step_time_seconds", "Seconds per optimizer step"),
-            "peak_mem_bytes": g("fsdp_peak_memory_bytes", "Peak accelerator (or host) memory of rank 0"),
+            "peak_mem_bytes": g("fsdp_peak_memory_bytes", "Peak accelerator (or host) memory of this node's local rank 0"),
             "padding_fraction": g("fsdp_padding_ratio", "Padding share of the input tokens (0-1)"),
             "world_size": g("fsdp_world_size", "Number of ranks"),
         }
@@ -112,11 +115,13 @@ class PrometheusExporter:
 class MetricsLogger:
     """Accumulates per-step figures and logs every cfg.log_interval_steps steps.
 
-    Every rank calls it (the counts go into checkpoints); only the writer (rank 0) writes or serves.
+    Every rank calls it (the counts go into checkpoints); only the writer (rank 0) writes files and
+    prints, and `serves` (local rank 0 of each node) exposes the Prometheus endpoint.
     Token counts stay device tensors between logged steps, so unlogged steps never wait for the GPU.
     """
 
-    def __init__(self, cfg: MetricsConfig, *, is_writer: bool, world_size: int, device: torch.device,
+    def __init__(self, cfg: MetricsConfig, *, is_writer: bool, serves: bool = False, world_size: int,
+                 device: torch.device,
                  seq_len: int, flops_per_token: float, peak_flops: float, info: dict[str, str]):
         self.cfg, self.is_writer, self.world_size, self.device = cfg, is_writer, world_size, device
         self.seq_len, self.flops_per_token, self.peak_flops = seq_len, flops_per_token, peak_flops
@@ -129,8 +134,8 @@ class MetricsLogger:
         if is_writer:
             os.makedirs(cfg.output_dir, exist_ok=True)
             self._file = open(os.path.join(cfg.output_dir, "metrics.jsonl"), "a", encoding="utf-8")
-            if cfg.prometheus_port:
-                self.prometheus = PrometheusExporter(cfg.prometheus_port, info)
+        if serves and cfg.prometheus_port:
+            self.prometheus = PrometheusExporter(cfg.prometheus_port, info)
 
     def _start_interval(self) -> None:
         self._t0 = time.perf_counter()
@@ -199,11 +204,11 @@ class MetricsLogger:
             "time": time.time(),
         }
         self._start_interval()
+        if self.prometheus:
+            self.prometheus.update(record, real)
         if self.is_writer:
             self._file.write(json.dumps(record) + "\n")
             self._file.flush()
-            if self.prometheus:
-                self.prometheus.update(record, real)
             print(f"step {step} loss {loss:.4f} lr {lr:.3g} tok/s/gpu {per_gpu:,.0f} mfu {record['mfu']:.1%} "
                   f"{record['step_time_s']:.3f}s/step mem {record['peak_mem_gib']:.2f}GiB", flush=True)
         return record

@@ -146,7 +146,8 @@ def train(cfg: TrainConfig, env: DistEnv) -> None:
     checkpointer = Checkpointer(cfg.checkpoint, to_dict(cfg))
     peak_flops = cfg.metrics.peak_flops or (peak_flops_for(torch.cuda.get_device_name(device))
                                             if device.type == "cuda" else 0.0)
-    metrics = MetricsLogger(cfg.metrics, is_writer=env.rank == 0, world_size=env.world_size, device=device,
+    metrics = MetricsLogger(cfg.metrics, is_writer=env.rank == 0, serves=env.local_rank == 0,
+                            world_size=env.world_size, device=device,
                             seq_len=cfg.data.seq_len, flops_per_token=arch.flops_per_token(cfg.data.seq_len),
                             peak_flops=peak_flops,
                             info={"model": cfg.model.name, "strategy": cfg.parallelism.sharding_strategy,
