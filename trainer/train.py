@@ -30,6 +30,7 @@ import os
 import re
 import socket
 import sys
+import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -83,8 +84,6 @@ def preflight(cfg: TrainConfig, env: DistEnv) -> None:
 def train(cfg: TrainConfig, env: DistEnv) -> None:
     """The whole run; every rank executes it (collective)."""
     # Heavy imports only now, so that config errors above are reported in well under a second.
-    import time
-
     import torch
     import torch.distributed as dist
 
@@ -242,6 +241,9 @@ def _fail(err: ConfigError, rank: int, config_path: str, overrides: Sequence[str
     if rank == 0:
         where = _where(err.key, config_path, overrides)
         print(f"error: {where + ': ' if where else ''}{err}", file=sys.stderr, flush=True)
+    else:
+        # torchrun stops all workers as soon as one exits: give rank 0 the moment it needs to print.
+        time.sleep(1.0)
     return 2
 
 
