@@ -150,7 +150,11 @@ class Batch:
     def to(self, device: torch.device) -> "Batch":
         if device.type == "cpu":
             return self
-        move = lambda t: None if t is None else t.pin_memory().to(device, non_blocking=True)  # noqa: E731
+
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            # Pinned host memory lets the copy overlap with the previous step's kernels.
+            return None if t is None else t.pin_memory().to(device, non_blocking=True)
+
         return Batch(move(self.input_ids), move(self.targets), move(self.loss_index),
                      self.num_loss_tokens, self.num_real_tokens)
 
