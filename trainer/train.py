@@ -15,6 +15,12 @@ LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT, which are all the tra
         --rdzv-endpoint=etcd.fsdp-system.svc.cluster.local:2379 --rdzv-id=llama2-7b-run \\
         -m trainer.train --config /etc/fsdp/train.yaml
 
+    # c10d rendezvous over several nodes: give each rendezvous round a fresh store, or a restarted or
+    # late-joining node can hang process-group setup on the previous round's keys (see
+    # trainer/parallelize.py); the etcd rendezvous needs nothing
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes=2 --nproc_per_node=8 --rdzv-backend=c10d \\
+        --rdzv-endpoint=<first node>:29400 --rdzv-id=llama2-13b-run -m trainer.train --config train.yaml
+
     # one process without torchrun (debugging)
     python -m trainer.train --config trainer/configs/tiny.yaml
 
@@ -100,6 +106,9 @@ def train(cfg: TrainConfig, env: DistEnv) -> None:
     # 1. Process group and device; the model source (a hub id is downloaded once per node).
     device = init_distributed(env.local_rank)
     torch.manual_seed(cfg.training.seed + env.rank)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True) and env.world_size > env.local_world_size:
+        say("warning: torchrun shares its c10d store with the workers; on several nodes a restart can hang "
+            "process-group setup (pytorch/pytorch#135712); launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1")
     model_dir = modeling.resolve_model_dir(cfg.model) if env.local_rank == 0 else ""
     dist.barrier()
     if env.local_rank != 0:
