@@ -46,7 +46,6 @@ from generators.catalog import INSTANCE_TYPES, MODELS, efa_for
 from generators.errors import MatrixError
 from generators.matrix import Matrix, expand
 from generators.model import Plan, Run
-from generators.writer import yaml_float
 from trainer.config import ConfigError, TrainConfig, check_topology, from_dict, to_dict
 from trainer.memory import FIT_FRACTION, estimate_peak_gib, resolve_auto
 
@@ -143,18 +142,7 @@ def config_hash(payload: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode("ascii")).hexdigest()[:HASH_LEN]
 
 
-def _trainer_fix(key: str, trainer_data: dict[str, Any]) -> str:
-    value: Any = trainer_data
-    for part in key.split(".") if key else ():
-        value = value.get(part) if isinstance(value, dict) else None
-    if isinstance(value, str):
-        try:
-            number = float(value)
-        except ValueError:
-            number = None
-        if number is not None:
-            return (f"write it as {yaml_float(number)}: YAML reads {value} (no decimal point) as a string, "
-                    "not a number")
+def _trainer_fix(key: str) -> str:
     return f"correct trainer.{key} (the trainer's keys and values are defined in trainer/config.py)"
 
 
@@ -202,7 +190,7 @@ def plan_run(matrix: Matrix, run: Run, cache: dict[str, TrainConfig] | None = No
             cfg = from_dict(trainer_data)
         except ConfigError as err:
             raise _fail(matrix, run, f"trainer.{err.key}" if err.key else "trainer", err.message,
-                        _trainer_fix(err.key, trainer_data)) from None
+                        _trainer_fix(err.key)) from None
         if cache is not None:
             cache[cache_key] = cfg
 
