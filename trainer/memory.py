@@ -19,8 +19,8 @@ kv KV width, i intermediate size, V vocabulary, d = 2 for bf16 or 4 for fp32, S 
 - a fixed 4 GiB for the CUDA context, NCCL buffers, compile workspaces and fragmentation.
 
 Measured on one H200 (BENCHMARKS.md, Llama-2-7B, s 4096, b 2, compiled): peak allocated 110.4 GiB with
-no checkpointing (estimate 119.8) and 102.4 GiB with selective (estimate 108.9), so the estimate
-errs on the safe side by about 7%.
+no checkpointing (estimate 119.8), 102.4 GiB with selective (estimate 107.4) and 102.2 GiB with full
+(estimate 107.4), so the estimate errs on the safe side by 5-9%.
 
 `auto` picks the mode that recomputes least and still fits in FIT_FRACTION of the GPU's memory:
 none, then selective (every `selective_ac_every`th layer), then full.
