@@ -56,7 +56,7 @@ from generators import matrix as matrix_mod  # noqa: E402
 from generators import writer  # noqa: E402
 from generators.catalog import INSTANCE_TYPES  # noqa: E402
 from generators.errors import MatrixError  # noqa: E402
-from generators.expand import bad_input, matrix_label, output_dir, sync  # noqa: E402
+from generators.cli import bad_input, matrix_label, output_dir, sync  # noqa: E402
 from generators.model import Cluster, Plan  # noqa: E402
 from generators.plan import plan  # noqa: E402
 

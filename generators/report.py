@@ -46,13 +46,11 @@ if str(REPO_ROOT) not in sys.path:  # run as `python generators/report.py` from 
 
 import click  # noqa: E402
 
-from generators import writer  # noqa: E402
+from generators.cli import bad_input, sync  # noqa: E402
 from generators.errors import MatrixError  # noqa: E402
 from generators.svgchart import Series, line_chart  # noqa: E402
 
 GENERATOR = "generators/report.py"
-EXIT_BAD_INPUT = 2
-EXIT_FAILURE = 1
 DEFAULT_WARMUP_LOGS = 3
 BENCH_FIX = "pass JSON lines written by benchmarks/common.py emit() (e.g. benchmarks/train_bench.py --json FILE)"
 RUN_FIX = "pass a trainer run directory (metrics.output_dir of trainer/train.py: metrics.jsonl and run.json)"
@@ -458,19 +456,12 @@ def main(inputs: tuple[str, ...], out: str | None, baseline_world_size: int | No
         points = summarise(load(inputs, warmup_logs), baseline_world_size)
         files = render(points, baseline_world_size) if out_dir is not None else {}
     except ReportError as err:
-        click.echo(f"error: {err}", err=True)
-        sys.exit(EXIT_BAD_INPUT)
+        bad_input(str(err))
 
     click.echo(markdown_table(points))
     if out_dir is None:
         return
-    try:
-        changes = writer.write(out_dir, files, generator=GENERATOR)
-    except OSError as err:
-        click.echo(f"error: writing {out}: {err}", err=True)
-        sys.exit(EXIT_FAILURE)
-    click.echo(f"{len(files)} files under {out}: {len(changes.created)} created, {len(changes.updated)} updated",
-               err=True)
+    sync(out_dir, files, check=False, generator=GENERATOR, rerun=f"python {GENERATOR}", what="of the report")
 
 
 if __name__ == "__main__":
