@@ -32,11 +32,22 @@ def test_auto_prefers_no_recomputation_when_it_fits():
     assert choose_activation_checkpointing(MODELS["llama2-7b"], cfg_for("llama2-7b", 2), 1, 140.4) == "none"
 
 
-def test_auto_fits_llama2_13b_on_one_p5_node_at_batch_3():
-    arch, cfg = MODELS["llama2-13b"], cfg_for("llama2-13b", 3)
-    mode = choose_activation_checkpointing(arch, cfg, 8, 80)
-    assert mode == "selective"
-    assert estimate_peak_gib(arch, cfg, 8, mode) <= FIT_FRACTION * 80
+def test_auto_fits_llama2_13b_on_one_p5_node():
+    arch = MODELS["llama2-13b"]
+    # Batch 2 (the benchmark's): selective checkpointing fits the 90% bound of an 80 GB GPU.
+    cfg = cfg_for("llama2-13b", 2)
+    assert choose_activation_checkpointing(arch, cfg, 8, 80) == "selective"
+    # Batch 3 (the seed matrix's): selective would pass 90%, so full checkpointing, far inside it.
+    cfg = cfg_for("llama2-13b", 3)
+    assert choose_activation_checkpointing(arch, cfg, 8, 80) == "full"
+    assert estimate_peak_gib(arch, cfg, 8, "full") <= FIT_FRACTION * 80
+
+
+def test_auto_leaves_headroom_where_the_allocator_slowed_down():
+    # One H200: Llama-3.1-8B with selective checkpointing ran slower than with full checkpointing
+    # (138.5 of 140 GiB reserved); auto must not choose selective there.
+    arch, cfg = MODELS["llama3.1-8b"], cfg_for("llama3.1-8b", 2)
+    assert choose_activation_checkpointing(arch, cfg, 1, 140.4) == "full"
 
 
 def test_auto_falls_back_to_full_checkpointing():
