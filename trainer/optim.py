@@ -147,8 +147,11 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_b
     Nothing here waits for the device: the results stay tensors until the caller reads them.
     """
     device = micro_batches[0].input_ids.device
+    # Built on the host and copied without blocking: a tensor made from Python numbers straight on
+    # the GPU waits for every queued kernel, so the next step could not be queued ahead.
     counts = torch.tensor([sum(b.num_loss_tokens for b in micro_batches),
-                           sum(b.num_real_tokens for b in micro_batches)], dtype=torch.int64, device=device)
+                           sum(b.num_real_tokens for b in micro_batches)], dtype=torch.int64)
+    counts = counts.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else counts
     dist.all_reduce(counts)
     num_loss_tokens = counts[0].clamp(min=1)
     # FSDP averages gradients over the dp_size ranks; scaling by dp_size / count turns that average
@@ -160,9 +163,9 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_b
                      loss_chunk_size=cfg.loss_chunk_size)
         (loss * scale).backward()
         loss_sum += loss.detach()
-    params = [p for p in model.parameters() if p.grad is not None]
     max_norm = cfg.grad_clip_norm if cfg.grad_clip_norm > 0 else math.inf
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+    # clip_grad_norm_ skips parameters without gradients itself.
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=True)
     if isinstance(grad_norm, DTensor):
         grad_norm = grad_norm.full_tensor()
     optimizer.step()

@@ -116,8 +116,8 @@ def train(cfg: TrainConfig, env: DistEnv) -> None:
 
     # 2. Model: meta device -> checkpointing/compile/FSDP -> this rank's shards -> weights.
     model = modeling.build_model(cfg.model, model_dir)
-    cfg = resolve_checkpointing(cfg, modeling.architecture(model.config, cfg.model.name), env.world_size,
-                                env.local_world_size, device)
+    arch = modeling.architecture(model.config, cfg.model.name)
+    cfg = resolve_checkpointing(cfg, arch, env.world_size, env.local_world_size, device)
     mesh = build_mesh(cfg.parallelism, env.world_size, env.local_world_size, device.type)
     parallelize(model, cfg.parallelism, mesh)
     probe = host_memory_probe()
@@ -132,7 +132,6 @@ def train(cfg: TrainConfig, env: DistEnv) -> None:
     stats = torch.tensor([load["host_peak_delta_bytes"]], dtype=torch.int64, device=device)
     dist.all_reduce(stats, op=dist.ReduceOp.MAX)
     load["host_peak_delta_bytes_max_rank"] = int(stats.item())
-    arch = modeling.architecture(model.config, cfg.model.name)
     say(f"model: {modeling.describe(model)}; loaded from {load['source']} in {load['seconds']:.1f}s; "
         f"activation checkpointing {cfg.parallelism.activation_checkpointing}")
     if model_dir and cfg.model.name in MODELS and MODELS[cfg.model.name].num_params != arch.num_params:
