@@ -21,7 +21,7 @@ import click
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from trainer.catalog import MODELS  # noqa: E402
-from trainer.config import from_dict, merge, parse_override, to_dict  # noqa: E402
+from trainer.config import apply_overrides, from_dict, to_dict  # noqa: E402
 
 
 def bench_config(model: str, seq_len: int, batch_size: int, overrides: tuple[str, ...]):
@@ -29,9 +29,7 @@ def bench_config(model: str, seq_len: int, batch_size: int, overrides: tuple[str
     data = {"model": {"name": model},
             "data": {"format": "synthetic", "seq_len": seq_len},
             "training": {"batch_size_per_gpu": batch_size}}
-    for item in overrides:
-        data = merge(data, parse_override(item))
-    return from_dict(data)
+    return from_dict(apply_overrides(data, overrides))
 
 
 @click.command()

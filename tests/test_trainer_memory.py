@@ -5,8 +5,8 @@ import pytest
 
 from trainer.catalog import MODELS
 from trainer.config import from_dict
-from trainer.memory import (FIT_FRACTION, choose_activation_checkpointing, estimate_peak_gib, resolve_auto,
-                            shard_size)
+from trainer.config import check_topology
+from trainer.memory import FIT_FRACTION, choose_activation_checkpointing, estimate_peak_gib, resolve_auto
 
 
 def cfg_for(model: str, batch: int, **parallelism):
@@ -71,4 +71,4 @@ def test_estimate_refuses_unresolved_auto():
                                                      ("NO_SHARD", 0, 1)])
 def test_shard_size_follows_the_strategy(strategy, group, expected):
     par = cfg_for("tiny", 1, sharding_strategy=strategy, shard_group_size=group).parallelism
-    assert shard_size(par, 16, 8) == expected
+    assert check_topology(par, 16, 8) == expected

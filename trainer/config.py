@@ -21,14 +21,6 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
-SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
-AC_MODES = ("auto", "none", "full", "selective")
-PRECISIONS = ("bf16", "fp32")
-DATA_FORMATS = ("samsum", "alpaca", "synthetic")
-LR_SCHEDULES = ("cosine", "linear", "constant")
-LOSS_IMPLS = ("chunked", "full")
-
-
 class ConfigError(ValueError):
     """A bad trainer config value. `key` is the dotted path of the offending key."""
 
@@ -334,9 +326,15 @@ def load_config(path: str, overrides: typing.Sequence[str] = ()) -> TrainConfig:
         data = {}
     if not isinstance(data, Mapping):
         raise ConfigError("--config", f"{path}: top level must be a mapping of sections")
+    return from_dict(apply_overrides(data, overrides))
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: typing.Sequence[str]) -> dict[str, Any]:
+    """`data` with each `key.path=value` override merged on top, in order."""
+    out = dict(data)
     for item in overrides:
-        data = merge(data, parse_override(item))
-    return from_dict(data)
+        out = merge(out, parse_override(item))
+    return out
 
 
 def check_topology(cfg: ParallelismConfig, world_size: int, local_world_size: int) -> int:

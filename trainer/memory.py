@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 
 from trainer.catalog import Architecture
-from trainer.config import ParallelismConfig, TrainConfig
+from trainer.config import TrainConfig
 
 GIB = 1024**3
 OVERHEAD_GIB = 4.0
@@ -41,15 +41,6 @@ OVERHEAD_GIB = 4.0
 # checkpointing (8,596, 131.5 GiB reserved); Llama-2-7B with none (estimate 85%) was the fastest mode.
 FIT_FRACTION = 0.90
 AUTO_ORDER = ("none", "selective", "full")
-
-
-def shard_size(cfg: ParallelismConfig, world_size: int, local_world_size: int) -> int:
-    """How many GPUs share one copy of the sharded state under the strategy."""
-    if cfg.sharding_strategy == "NO_SHARD":
-        return 1
-    if cfg.sharding_strategy == "HYBRID_SHARD":
-        return cfg.shard_group_size or local_world_size
-    return world_size
 
 
 def estimate_peak_gib(arch: Architecture, cfg: TrainConfig, shard: int, ac_mode: str | None = None) -> float:

@@ -27,7 +27,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from trainer.catalog import Architecture
 from trainer.config import ParallelismConfig, TrainConfig, check_topology
-from trainer.memory import GIB, resolve_auto, shard_size
+from trainer.memory import GIB, resolve_auto
 
 
 def _attempt_store() -> dist.Store | None:
@@ -72,7 +72,7 @@ def resolve_checkpointing(cfg: TrainConfig, arch: Architecture, world_size: int,
         memory_gib = torch.cuda.get_device_properties(device).total_memory / GIB
     else:
         memory_gib = float("inf")
-    return resolve_auto(arch, cfg, shard_size(cfg.parallelism, world_size, local_world_size), memory_gib)
+    return resolve_auto(arch, cfg, check_topology(cfg.parallelism, world_size, local_world_size), memory_gib)
 
 
 def build_mesh(cfg: ParallelismConfig, world_size: int, local_world_size: int, device_type: str) -> DeviceMesh:
