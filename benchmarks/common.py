@@ -2,7 +2,7 @@
 
 A benchmark drops its warm-up (and compile) steps, times every later optimizer step with a device
 synchronisation on each side, and reports the median. Figures are printed as a table and written as
-one JSON object (--json) so that compare.py can put runs side by side.
+one JSON object (--json) so that suite.py and generators/report.py can put runs side by side.
 """
 from __future__ import annotations
 

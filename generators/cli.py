@@ -19,9 +19,13 @@ def matrix_label(path: str) -> str:
     bytes are the same whatever the working directory; otherwise the file name."""
     full = Path(path).resolve()
     try:
-        return full.relative_to(REPO_ROOT).as_posix()
+        label = full.relative_to(REPO_ROOT).as_posix()
     except ValueError:
-        return full.name
+        label = full.name
+    if not label.isascii():
+        bad_input(f"{path}: MATRIX: the file name is not ASCII (generated files are ASCII only); "
+                  "fix: rename the matrix file")
+    return label
 
 
 def display(path: Path) -> str:

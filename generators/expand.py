@@ -58,9 +58,6 @@ def main(matrix: str, out: str | None, check: bool, list_runs: bool) -> None:
         bad_input("--check and --list: choose one; fix: drop one of the two options")
     out_dir = output_dir(out, DEFAULT_OUT)
     label = matrix_label(matrix)
-    if not label.isascii():
-        bad_input(f"{matrix}: MATRIX: the file name is not ASCII (generated files are ASCII only); "
-                  "fix: rename the matrix file")
     try:
         m = matrix_mod.load(matrix)
         plans = plan(m)

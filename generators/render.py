@@ -153,8 +153,8 @@ def render(matrix: Matrix, plans: Sequence[Plan], root_from_out: str = "..") -> 
     for p in plans:
         files.update(render_run(p, root_from_out))
     for name, cluster in matrix.clusters.items():
-        mine = [p for p in plans if p.cluster == name]
-        for path, manifest in render_cluster(cluster, mine, matrix.repository).items():
+        # render_cluster keeps the plans of its own cluster.
+        for path, manifest in render_cluster(cluster, plans, matrix.repository).items():
             if path in files:
                 raise ValueError(f"two renderers produce {path}")
             files[path] = manifest

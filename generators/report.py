@@ -46,7 +46,7 @@ if str(REPO_ROOT) not in sys.path:  # run as `python generators/report.py` from 
 
 import click  # noqa: E402
 
-from generators.cli import bad_input, sync  # noqa: E402
+from generators.cli import bad_input, output_dir, sync  # noqa: E402
 from generators.errors import MatrixError  # noqa: E402
 from generators.svgchart import Series, line_chart  # noqa: E402
 
@@ -443,7 +443,7 @@ def render(points: Sequence[Point], baseline_world_size: int | None) -> dict[str
               help="Logged steps dropped at the start of every trainer launch (warm-up, compilation).")
 def main(inputs: tuple[str, ...], out: str | None, baseline_world_size: int | None, warmup_logs: int) -> None:
     """Scaling report from benchmark JSON lines and trainer run directories (INPUT...)."""
-    out_dir = Path(out) if out is not None else None
+    out_dir = output_dir(out, Path()) if out is not None else None
     try:
         if baseline_world_size is not None and baseline_world_size < 1:
             raise ReportError(f"must be at least 1, got {baseline_world_size}", key="--baseline-world-size",
@@ -451,8 +451,6 @@ def main(inputs: tuple[str, ...], out: str | None, baseline_world_size: int | No
         if warmup_logs < 0:
             raise ReportError(f"must be 0 or more, got {warmup_logs}", key="--warmup-logs",
                               fix="pass how many logged steps to drop at the start of each launch")
-        if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
-            raise ReportError("is a file, not a directory", key=f"--out {out}", fix="pass a directory")
         points = summarise(load(inputs, warmup_logs), baseline_world_size)
         files = render(points, baseline_world_size) if out_dir is not None else {}
     except ReportError as err:

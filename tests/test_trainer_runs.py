@@ -24,7 +24,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from trainer.config import from_dict, load_config
-from trainer_support import (REPO_ROOT, TINY, finish, free_port, kill_rank_after_checkpoint, losses_by_step,
+from trainer_support import (REPO_ROOT, finish, free_port, kill_rank_after_checkpoint, losses_by_step,
                              output_overrides, read_metrics, run, start, trainer_env)
 
 STEPS = 40
