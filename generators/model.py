@@ -128,8 +128,5 @@ class Plan:
     shm_size_gib: int
     # Estimated peak GPU memory per GPU, GiB (the estimate the fit check used).
     est_gpu_memory_gib: float
-    # Run counter and the short hash of the resolved trainer config (part of the name).
-    rev: int
-    config_hash: str
     # The resolved trainer config (to_dict of it goes into the run's ConfigMap as train.yaml).
     trainer: TrainConfig

@@ -237,6 +237,6 @@ def plan_run(matrix: Matrix, run: Run, cache: dict[str, TrainConfig] | None = No
         efa_rdma=instance.efa_rdma and instance.num_efa > 0, sharding=par.sharding_strategy,
         shard_group_size=shard_size, overlay_dir=f"runs/{cluster.name}/{name}", rdzv_backend=run.rdzv_backend,
         rdzv_endpoint=endpoint, rdzv_id=name, active_deadline_s=run.active_deadline_s,
-        shm_size_gib=run.shm_size_gib, est_gpu_memory_gib=round(est, 1), rev=run.rev, config_hash=digest,
+        shm_size_gib=run.shm_size_gib, est_gpu_memory_gib=round(est, 1),
         trainer=cfg,
     )
