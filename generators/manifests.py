@@ -12,6 +12,8 @@ from typing import Any, Iterator
 
 import yaml
 
+from trainer.config import NoDuplicateKeys
+
 # (group, kind) of the objects the checks look into.
 FLUX_KUSTOMIZATION = ("kustomize.toolkit.fluxcd.io", "Kustomization")
 HELM_RELEASE = ("helm.toolkit.fluxcd.io", "HelmRelease")
@@ -93,22 +95,8 @@ def walk(value: Any, keys: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ..
 SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-class StrictLoader(SafeLoader):  # type: ignore[misc, valid-type]
+class StrictLoader(NoDuplicateKeys, SafeLoader):  # type: ignore[misc, valid-type]
     """Safe loader that rejects duplicate keys (kustomize and the API server reject them too)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            try:
-                first = seen.get(key)
-            except TypeError:
-                continue  # unhashable key: the base constructor reports it
-            if first is not None:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (first at line {first}); keep one", key_node.start_mark)
-            seen[key] = key_node.start_mark.line + 1
-        return super().construct_mapping(node, deep=deep)
 
 
 def load_documents(text: str, file: str, loader: type = StrictLoader) -> list[Doc]:

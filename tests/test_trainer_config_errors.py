@@ -36,6 +36,7 @@ CASES = [
     ("missing model directory", None, ["model.path=./no-such-checkpoint"], {}, "model.path"),
     ("unknown architecture", None, ["model.name=llama9-1t"], {}, "model.name"),
     ("missing config file", "", [], {}, "--config"),
+    ("duplicate key in the file", "model:\n  name: tiny\ntraining:\n  lr: 0.1\n  lr: 0.2\n", [], {}, "--config"),
 ]
 
 

@@ -309,13 +309,39 @@ def parse_override(item: str) -> dict[str, Any]:
     return out
 
 
+class NoDuplicateKeys:
+    """PyYAML loader mixin: a key given twice in one mapping is an error, not "the last one wins".
+
+    Used by the trainer's config loader and by the repository validation (generators/manifests.py).
+    """
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> dict:
+        import yaml
+
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)  # type: ignore[attr-defined]
+            try:
+                first = seen.get(key)
+            except TypeError:
+                continue  # unhashable key: the base constructor reports it
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first at line {first}); keep one", key_node.start_mark)
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)  # type: ignore[misc]
+
+
 def load_config(path: str, overrides: typing.Sequence[str] = ()) -> TrainConfig:
     """Load a YAML config file and apply `key.path=value` overrides on top of it."""
     import yaml
 
+    class Loader(NoDuplicateKeys, yaml.SafeLoader):
+        pass
+
     try:
         with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
+            data = yaml.load(fh, Loader=Loader)  # noqa: S506 - a SafeLoader subclass
     except FileNotFoundError:
         raise ConfigError("--config", f"file {path} not found; pass an existing YAML config") from None
     except yaml.YAMLError as err:
