@@ -47,7 +47,7 @@ from generators.errors import MatrixError
 from generators.matrix import Matrix, expand
 from generators.model import Plan, Run
 from trainer.config import ConfigError, TrainConfig, check_topology, from_dict, to_dict
-from trainer.memory import FIT_FRACTION, estimate_peak_gib, resolve_auto
+from trainer.memory import FIT_FRACTION, estimate_peak_gib, fits, resolve_auto
 
 NAME_MAX = 50
 HASH_LEN = 6
@@ -205,7 +205,7 @@ def plan_run(matrix: Matrix, run: Run, cache: dict[str, TrainConfig] | None = No
     readable = readable_name(run, family, gpus, instance.num_gpus, par.sharding_strategy)
     cfg = resolve_auto(arch, cfg, shard_size, instance.gpu_memory_gib)
     est = estimate_peak_gib(arch, cfg, shard_size)
-    if est > FIT_FRACTION * instance.gpu_memory_gib:
+    if not fits(est, instance.gpu_memory_gib):
         raise _fail(matrix, run, "nodes",
                     f"{run.model} needs about {est:.0f} GiB per GPU with {par.sharding_strategy} over "
                     f"{shard_size} GPUs, but {instance_name} GPUs have {instance.gpu_memory_gib} GiB "

@@ -169,10 +169,16 @@ class Repo:
         self.docs: dict[str, list[Doc]] = {}
         self.kfiles: dict[str, str] = {}  # kustomization dir -> its kustomization file
         self.builds: dict[str, Build] = {}
-        self.dirs = {norm(str(PurePosixPath(f).parent)) for f in self.files}
+        # Indexes built once: lookups by folder run per kustomization, per problem and per Flux path.
+        self.files_under: dict[str, list[str]] = {}  # folder -> every file below it
         for f in self.files:
             for parent in PurePosixPath(f).parents:
-                self.dirs.add(norm(str(parent)))
+                self.files_under.setdefault(norm(str(parent)), []).append(f)
+        self.dirs = set(self.files_under)
+        self.yaml_in_dir: dict[str, list[str]] = {}  # folder -> the YAML files directly in it
+        for f in self.yaml_files:
+            self.yaml_in_dir.setdefault(norm(str(PurePosixPath(f).parent)), []).append(f)
+        self._refs: dict[str, tuple[list[str], list[str]]] = {}
 
     def parse(self, problems: list[Problem]) -> None:
         for f in self.yaml_files:
@@ -197,6 +203,11 @@ class Repo:
 
     def local_refs(self, d: str) -> tuple[list[str], list[str]]:
         """(kustomization dirs this one builds on, files it reads), repository-relative."""
+        if d not in self._refs:
+            self._refs[d] = self._local_refs(d)
+        return self._refs[d]
+
+    def _local_refs(self, d: str) -> tuple[list[str], list[str]]:
         dirs, files = [], []
         resources, others = kustomization_refs(self.kustomization(d))
         for ref in resources + others:
@@ -212,7 +223,7 @@ class Repo:
         """Files that are inputs of some kustomization (not manifests on their own)."""
         out: set[str] = set()
         for d in self.kfiles:
-            out.update(f for f in self.files if under(f, d))
+            out.update(self.files_under.get(d, ()))
             out.update(self.local_refs(d)[1])
         return out
 
@@ -254,9 +265,8 @@ class Repo:
         of every YAML file in it and, recursively, of its subdirectories (built where they are
         kustomizations)."""
         out: list[Doc] = []
-        for f in self.yaml_files:
-            if norm(str(PurePosixPath(f).parent)) == d:
-                out += [x for x in self.docs.get(f, []) if is_manifest(x.data)]
+        for f in self.yaml_in_dir.get(d, ()):
+            out += [x for x in self.docs.get(f, []) if is_manifest(x.data)]
         for sub in sorted(x for x in self.dirs if x != d and norm(str(PurePosixPath(x).parent)) == d):
             out += self.get_build(sub, kustomize).docs if sub in self.kfiles else self.plain_dir_docs(sub, kustomize)
         return out
@@ -277,7 +287,7 @@ class Repo:
                 continue
             seen.add(d)
             dirs, files = self.local_refs(d)
-            own = [f for f in self.yaml_files if norm(str(PurePosixPath(f).parent)) == d] + files
+            own = self.yaml_in_dir.get(d, []) + files
             candidates += [x for f in own for x in self.docs.get(f, [])
                            if (isinstance(x.data, dict) and x.data.get("kind") == kind) or _is_json_patch(x.data)]
             queue.extend(dirs)

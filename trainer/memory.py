@@ -73,10 +73,16 @@ def estimate_peak_gib(arch: Architecture, cfg: TrainConfig, shard: int, ac_mode:
     return (resident + max(acts, grads) + gathered + loss) / GIB + OVERHEAD_GIB
 
 
+def fits(estimate_gib: float, gpu_memory_gib: float) -> bool:
+    """Whether an estimate leaves the headroom FIT_FRACTION asks for (the one bound `auto` and the
+    generator's rejection share)."""
+    return estimate_gib <= FIT_FRACTION * gpu_memory_gib
+
+
 def choose_activation_checkpointing(arch: Architecture, cfg: TrainConfig, shard: int, gpu_memory_gib: float) -> str:
     """The least-recomputing mode whose estimate fits; 'full' when none does (the caller may reject)."""
     for mode in AUTO_ORDER:
-        if estimate_peak_gib(arch, cfg, shard, mode) <= FIT_FRACTION * gpu_memory_gib:
+        if fits(estimate_peak_gib(arch, cfg, shard, mode), gpu_memory_gib):
             return mode
     return "full"
 
