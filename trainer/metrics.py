@@ -11,8 +11,9 @@ logged one; times are wall-clock between synchronised points, so they include da
     tokens_per_s         non-padding tokens per second, all ranks
     tokens_per_s_per_gpu tokens_per_s / world size
     mfu                  model FLOPs utilisation, a fraction: tokens_per_s_per_gpu x flops_per_token /
-                         peak; flops_per_token = 6 x non-embedding params + 12 x layers x heads x head_dim
-                         x seq_len (trainer.catalog); peak = metrics.peak_flops or the GPU's dense bf16
+                         peak; flops_per_token = 6 x params other than the input embedding (the lm_head
+                         counts) + 12 x layers x heads x head_dim x seq_len (trainer.catalog); fp8 runs
+                         use the same bf16 peak, so their MFU compares with bf16's; peak = metrics.peak_flops or the GPU's dense bf16
                          peak (trainer.catalog.GPU_PEAK_FLOPS); 0 on CPU
     step_time_s          seconds per optimizer step
     peak_mem_gib         peak memory: CUDA max allocated (GPU) or peak resident set size (CPU), rank 0
@@ -26,12 +27,19 @@ logged one; times are wall-clock between synchronised points, so they include da
 
 Prometheus (text format at http://<pod>:<metrics.prometheus_port>/metrics), served by local rank 0 of
 every node, so every pod the PodMonitor selects answers (a pod without an endpoint would be a down
-target). The figures are the global ones, the same on every node, except the peak memory, which is
-that node's local rank 0's; aggregate across pods with max. Stable names:
+target). Each figure is served exactly once per job, so summing a run's series over its pods is
+correct (`sum by (run) (rate(fsdp_tokens_total[5m]))` is the job's throughput):
 
-    fsdp_step, fsdp_loss, fsdp_learning_rate, fsdp_grad_norm, fsdp_tokens_total (counter),
+    the job's figures, only from the pod of global rank 0 (rendezvous decides which one):
+    fsdp_step, fsdp_total_steps, fsdp_epoch, fsdp_loss, fsdp_learning_rate, fsdp_grad_norm,
+    fsdp_tokens_total (counter: this job's tokens since this launch; no _created series),
     fsdp_tokens_per_second, fsdp_tokens_per_second_per_gpu, fsdp_mfu_ratio, fsdp_step_time_seconds,
-    fsdp_peak_memory_bytes, fsdp_padding_ratio, fsdp_world_size, fsdp_run_info{model, strategy, precision}
+    fsdp_padding_ratio, fsdp_world_size, fsdp_run_info{model, strategy, precision}
+
+    each node's own figures, from every pod: fsdp_peak_memory_bytes (that node's local rank 0),
+    fsdp_node_ranks (ranks on that node)
+
+All series of one pod come from one snapshot taken at a logged step, so a scrape never mixes two steps.
 """
 from __future__ import annotations
 
@@ -78,34 +86,63 @@ def host_memory_probe() -> Callable[[], int]:
 
 
 class PrometheusExporter:
-    """Gauges in a private registry served over HTTP from rank 0."""
+    """The trainer's Prometheus endpoint: one collector over the latest logged record.
 
-    def __init__(self, port: int, info: dict[str, str]):
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Info, start_http_server
+    `job_wide` is true on global rank 0 only: job-wide figures are served once, so sums over pods
+    are right. The collector builds every sample from one immutable snapshot (replaced whole at
+    each logged step), and the counter family is emitted without a `_created` sample.
+    """
 
+    # Record key -> (metric name, help). Served by global rank 0 only.
+    JOB_GAUGES = {
+        "step": ("fsdp_step", "Last completed optimizer step of the job"),
+        "total_steps": ("fsdp_total_steps", "Optimizer steps the job will run in total"),
+        "data_epoch": ("fsdp_epoch", "Data epoch of the last logged step (0-based)"),
+        "loss": ("fsdp_loss", "Mean loss per trained token of the last logged step"),
+        "lr": ("fsdp_learning_rate", "Learning rate of the last logged step"),
+        "grad_norm": ("fsdp_grad_norm", "Global gradient norm before clipping"),
+        "tokens_per_s": ("fsdp_tokens_per_second", "Non-padding tokens per second of the whole job (all ranks)"),
+        "tokens_per_s_per_gpu": ("fsdp_tokens_per_second_per_gpu", "Non-padding tokens per second per rank"),
+        "mfu": ("fsdp_mfu_ratio", "Model FLOPs utilisation (0-1)"),
+        "step_time_s": ("fsdp_step_time_seconds", "Seconds per optimizer step"),
+        "padding_fraction": ("fsdp_padding_ratio", "Padding share of the input tokens (0-1)"),
+        "world_size": ("fsdp_world_size", "Number of ranks of the job"),
+    }
+
+    def __init__(self, port: int, info: dict[str, str], *, job_wide: bool, node_ranks: int):
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        self.info, self.job_wide, self.node_ranks = dict(info), job_wide, node_ranks
+        self._snapshot: tuple[dict[str, Any], int] | None = None  # (record, tokens since launch)
+        self._tokens = 0
         self.registry = CollectorRegistry()
-        g = lambda name, doc: Gauge(name, doc, registry=self.registry)  # noqa: E731
-        self.gauges = {
-            "step": g("fsdp_step", "Last completed optimizer step"),
-            "loss": g("fsdp_loss", "Mean loss per trained token of the last logged step"),
-            "lr": g("fsdp_learning_rate", "Learning rate of the last logged step"),
-            "grad_norm": g("fsdp_grad_norm", "Global gradient norm before clipping"),
-            "tokens_per_s": g("fsdp_tokens_per_second", "Non-padding tokens per second, all ranks"),
-            "tokens_per_s_per_gpu": g("fsdp_tokens_per_second_per_gpu", "Non-padding tokens per second per rank"),
-            "mfu": g("fsdp_mfu_ratio", "Model FLOPs utilisation (0-1)"),
-            "step_time_s": g("fsdp_step_time_seconds", "Seconds per optimizer step"),
-            "peak_mem_bytes": g("fsdp_peak_memory_bytes", "Peak accelerator (or host) memory of this node's local rank 0"),
-            "padding_fraction": g("fsdp_padding_ratio", "Padding share of the input tokens (0-1)"),
-            "world_size": g("fsdp_world_size", "Number of ranks"),
-        }
-        self.tokens = Counter("fsdp_tokens", "Non-padding tokens processed by this process", registry=self.registry)
-        Info("fsdp_run", "Run description", registry=self.registry).info(info)
+        self.registry.register(self)
         self.server, self.thread = start_http_server(port, registry=self.registry)
 
     def update(self, record: dict[str, Any], new_tokens: int) -> None:
-        for key, gauge in self.gauges.items():
-            gauge.set(record["peak_mem_gib"] * 2**30 if key == "peak_mem_bytes" else record[key])
-        self.tokens.inc(new_tokens)
+        self._tokens += new_tokens
+        self._snapshot = (dict(record), self._tokens)  # one assignment: scrapes see old or new, never half
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+
+        node = GaugeMetricFamily("fsdp_node_ranks", "Ranks on this node (pod)")
+        node.add_metric([], self.node_ranks)
+        yield node
+        if self._snapshot is None:
+            return
+        record, tokens = self._snapshot
+        yield GaugeMetricFamily("fsdp_peak_memory_bytes",
+                                "Peak accelerator (or host) memory of this node's local rank 0",
+                                value=record["peak_mem_gib"] * 2**30)
+        if not self.job_wide:
+            return
+        for key, (name, doc) in self.JOB_GAUGES.items():
+            if key in record:
+                yield GaugeMetricFamily(name, doc, value=record[key])
+        yield CounterMetricFamily("fsdp_tokens", "Non-padding tokens processed by all ranks of the job since "
+                                  "this launch (served by one pod per job)", value=tokens)
+        yield InfoMetricFamily("fsdp_run", "Run description", value=self.info)
 
     def close(self) -> None:
         self.server.shutdown()
@@ -121,7 +158,7 @@ class MetricsLogger:
     """
 
     def __init__(self, cfg: MetricsConfig, *, is_writer: bool, serves: bool = False, world_size: int,
-                 device: torch.device,
+                 node_ranks: int = 1, total_steps: int = 0, device: torch.device,
                  seq_len: int, flops_per_token: float, peak_flops: float, info: dict[str, str]):
         self.cfg, self.is_writer, self.world_size, self.device = cfg, is_writer, world_size, device
         self.seq_len, self.flops_per_token, self.peak_flops = seq_len, flops_per_token, peak_flops
@@ -135,7 +172,9 @@ class MetricsLogger:
             os.makedirs(cfg.output_dir, exist_ok=True)
             self._file = open(os.path.join(cfg.output_dir, "metrics.jsonl"), "a", encoding="utf-8")
         if serves and cfg.prometheus_port:
-            self.prometheus = PrometheusExporter(cfg.prometheus_port, info)
+            self.prometheus = PrometheusExporter(cfg.prometheus_port, info, job_wide=is_writer,
+                                                 node_ranks=node_ranks)
+        self.total_steps = total_steps
 
     def _start_interval(self) -> None:
         self._t0 = time.perf_counter()
@@ -205,7 +244,7 @@ class MetricsLogger:
         }
         self._start_interval()
         if self.prometheus:
-            self.prometheus.update(record, real)
+            self.prometheus.update({**record, "total_steps": self.total_steps}, real)
         if self.is_writer:
             self._file.write(json.dumps(record) + "\n")
             self._file.flush()
