@@ -1,0 +1,140 @@
+"""Build the pinned Go binaries of the cluster harness once, cached by their module's go.sum.
+
+Each component folder under tools/cluster/ is one Go module (go.mod + go.sum + tools.go) that pins
+one upstream project. A binary is built into
+
+    $FSDP_GITOPS_CACHE/bin/<module>-<key>/<name>     (default cache: ~/.cache/fsdp-gitops)
+
+where <key> hashes go.mod, go.sum and the build flags, so a warm machine builds nothing and a pin
+change builds anew. Builds write to a temporary name and rename, under a per-module lock, so two
+concurrent test sessions never see a half-written binary.
+
+    python -m tools.cluster.build kube-apiserver kwok ...    # build (or find) these, print paths
+    python -m tools.cluster.build --all
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+KUBERNETES_VERSION = "v1.34.2"
+
+
+def _kube_ldflags() -> tuple[str, ...]:
+    # Without these the server reports v0.0.0-master+$Format:%H$ and kubectl refuses to parse it.
+    major, minor = KUBERNETES_VERSION.lstrip("v").split(".")[:2]
+    flags = ["-s", "-w"]
+    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [
+            f"-X {pkg}.gitVersion={KUBERNETES_VERSION}",
+            f"-X {pkg}.gitMajor={major}",
+            f"-X {pkg}.gitMinor={minor}",
+            f"-X {pkg}.gitTreeState=clean",
+            f"-X {pkg}.buildDate=2026-11-30T00:00:00Z",
+        ]
+    return (" ".join(flags),)
+
+
+@dataclass(frozen=True)
+class Binary:
+    name: str
+    module: str  # folder under tools/cluster/
+    package: str
+    ldflags: tuple[str, ...] = ()
+
+
+BINARIES = {
+    b.name: b
+    for b in (
+        Binary("kube-apiserver", "kubernetes", "k8s.io/kubernetes/cmd/kube-apiserver", _kube_ldflags()),
+        Binary("kube-scheduler", "kubernetes", "k8s.io/kubernetes/cmd/kube-scheduler", _kube_ldflags()),
+        Binary(
+            "kube-controller-manager", "kubernetes", "k8s.io/kubernetes/cmd/kube-controller-manager", _kube_ldflags()
+        ),
+        Binary("training-operator", "training-operator", "github.com/kubeflow/training-operator/cmd/training-operator.v1"),
+        Binary("kwok", "kwok", "sigs.k8s.io/kwok/cmd/kwok"),
+        Binary("source-controller", "source-controller", "github.com/fluxcd/source-controller"),
+        Binary("kustomize-controller", "kustomize-controller", "github.com/fluxcd/kustomize-controller"),
+        Binary("helm-controller", "helm-controller", "github.com/fluxcd/helm-controller"),
+        Binary("prometheus", "prometheus", "github.com/prometheus/prometheus/cmd/prometheus"),
+        Binary("promtool", "prometheus", "github.com/prometheus/prometheus/cmd/promtool"),
+    )
+}
+
+
+class BuildError(RuntimeError):
+    """A pinned binary could not be built."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("FSDP_GITOPS_CACHE") or Path.home() / ".cache" / "fsdp-gitops")
+
+
+def _key(b: Binary) -> str:
+    h = hashlib.sha256()
+    for f in ("go.mod", "go.sum"):
+        h.update((HERE / b.module / f).read_bytes())
+    h.update("\0".join(b.ldflags).encode())
+    return h.hexdigest()[:16]
+
+
+def cached_path(name: str) -> Path:
+    b = BINARIES[name]
+    return cache_root() / "bin" / f"{b.module}-{_key(b)}" / b.name
+
+
+def binary(name: str) -> Path:
+    """Path of the pinned binary `name`, building it first if this machine has no cached copy."""
+    if name not in BINARIES:
+        raise BuildError(f"unknown binary {name!r}; known: {', '.join(sorted(BINARIES))}")
+    b = BINARIES[name]
+    path = cached_path(name)
+    if path.is_file():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another session may be building the same module
+        if path.is_file():
+            return path
+        tmp = path.with_name(f".{b.name}.{os.getpid()}.tmp")
+        cmd = ["go", "build"]
+        if b.ldflags:
+            cmd += ["-ldflags", b.ldflags[0]]
+        cmd += ["-o", str(tmp), b.package]
+        env = {**os.environ, "GOFLAGS": "-mod=mod", "GOTOOLCHAIN": "local"}
+        started = time.monotonic()
+        print(f"building {b.name} from tools/cluster/{b.module} (cold: minutes)", file=sys.stderr, flush=True)
+        proc = subprocess.run(cmd, cwd=HERE / b.module, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            tail = "\n".join(proc.stderr.strip().splitlines()[-20:])
+            raise BuildError(f"go build {b.package} failed in tools/cluster/{b.module}:\n{tail}")
+        os.replace(tmp, path)
+        print(f"built {b.name} in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+    return path
+
+
+def main(argv: list[str]) -> int:
+    names = sorted(BINARIES) if argv == ["--all"] else argv
+    if not names:
+        print(__doc__, file=sys.stderr)
+        return 2
+    try:
+        for n in names:
+            print(binary(n))
+    except BuildError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
