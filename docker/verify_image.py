@@ -1,4 +1,4 @@
-"""Prove which NCCL torch loads, and that the EFA plugin is where NCCL looks for it.
+"""Prove which NCCL torch loads, and that the EFA plugin loads the way NCCL loads it.
 
 Runs at image build time (docker/Dockerfile fails the build on any mismatch) and on demand:
 
@@ -11,12 +11,22 @@ Checks, each printed as `ok: ...` or `FAIL: ...` (exit 1 on any failure):
      that distribution installed (not a system copy found through LD_LIBRARY_PATH or LD_PRELOAD);
   3. torch.cuda.nccl.version() (ncclGetVersion of the loaded library) equals the pin;
   4. with --efa: NCCL_NET_PLUGIN names the aws-ofi-nccl plugin, the plugin library sits in a
-     directory on LD_LIBRARY_PATH, and libfabric is installed.
-No GPU is needed: loading NCCL and asking its version does not touch a device.
+     directory on LD_LIBRARY_PATH, and libfabric is installed;
+  5. with --efa: `libcudart.so`, by that exact unversioned name, loads and answers
+     cudaRuntimeGetVersion (aws-ofi-nccl 1.21 dlopens that name when NCCL initialises it, and
+     without it NCCL silently falls back to TCP sockets);
+  6. with --efa: the plugin loads as NCCL loads it (dlopen with RTLD_NOW, so every library and
+     symbol it needs must resolve: libfabric, hwloc, libstdc++ ...) and exports an ncclNet plugin
+     table of a version NCCL searches for, whose name field reads back; ncclCollNet tables are
+     listed (aws-ofi-nccl has none on purpose: EFA offers no in-network reduction).
+No GPU is needed: loading NCCL, cudart and the plugin and asking versions does not touch a device.
+Calling the plugin's init() is left to the first run (NCCL_DEBUG=INFO): it opens the EFA devices,
+which a build machine does not have.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import importlib.metadata as metadata
 import os
 import re
@@ -27,6 +37,11 @@ NCCL_DIST = "nvidia-nccl-cu13"
 NCCL_SONAME = "libnccl.so.2"
 PLUGIN_DIR = Path("/opt/amazon/ofi-nccl/lib")
 LIBFABRIC = Path("/opt/amazon/efa/lib/libfabric.so.1")
+# The name aws-ofi-nccl 1.21.x passes to dlopen (aws/aws-ofi-nccl#244); the CUDA images ship only
+# the versioned libcudart.so.<major>, the unversioned name comes from -dev packages.
+CUDART_NAME = "libcudart.so"
+# Plugin table versions NCCL 2.2x looks for, newest first (ncclNetPlugin_v<N> / ncclCollNetPlugin_v<N>).
+NET_VERSIONS = tuple(range(12, 5, -1))
 
 
 def parse_version(text: str) -> tuple[int, ...]:
@@ -35,13 +50,14 @@ def parse_version(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split("."))
 
 
-def mapped_libraries(name: str) -> set[str]:
-    """Real paths of the shared objects called `name` mapped into this process."""
+def mapped_libraries(name: str, prefix: bool = False) -> set[str]:
+    """Real paths of the shared objects called `name` (or, with prefix, starting so) mapped into this process."""
     paths = set()
     with open("/proc/self/maps", encoding="ascii", errors="replace") as maps:
         for line in maps:
             fields = line.split(maxsplit=5)
-            if len(fields) == 6 and Path(fields[5].strip()).name == name:
+            base = Path(fields[5].strip()).name if len(fields) == 6 else ""
+            if base == name or (prefix and base.startswith(name)):
                 paths.add(os.path.realpath(fields[5].strip()))
     return paths
 
@@ -85,12 +101,57 @@ def check_efa() -> list[tuple[bool, str]]:
     ]
 
 
+def check_cudart() -> list[tuple[bool, str]]:
+    try:
+        cudart = ctypes.CDLL(CUDART_NAME, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+    except OSError as err:
+        return [(False, f"dlopen({CUDART_NAME!r}) failed: {err}; link it to the libcudart.so.<major> torch uses, "
+                        "in a directory on LD_LIBRARY_PATH")]
+    version = ctypes.c_int(0)
+    status = cudart.cudaRuntimeGetVersion(ctypes.byref(version))
+    mapped = sorted(mapped_libraries("libcudart.so.", prefix=True))
+    return [(status == 0 and version.value > 0,
+             f"dlopen({CUDART_NAME!r}) -> {mapped}: cudaRuntimeGetVersion = {version.value} (status {status})")]
+
+
+def plugin_tables(lib: ctypes.CDLL, kind: str) -> list[tuple[int, str]]:
+    """(version, name field) of every `nccl<kind>Plugin_v<N>` table the library exports."""
+    found = []
+    for version in NET_VERSIONS:
+        try:
+            # Every ncclNet/ncclCollNet table starts with `const char *name`.
+            name = ctypes.c_char_p.in_dll(lib, f"nccl{kind}Plugin_v{version}").value
+        except ValueError:
+            continue
+        found.append((version, (name or b"").decode("ascii", "replace")))
+    return found
+
+
+def check_plugin(library: Path) -> list[tuple[bool, str]]:
+    try:
+        lib = ctypes.CDLL(str(library), mode=os.RTLD_NOW | os.RTLD_LOCAL)
+    except OSError as err:
+        return [(False, f"dlopen({str(library)!r}, RTLD_NOW) failed: {err}")]
+    net, coll = plugin_tables(lib, "Net"), plugin_tables(lib, "CollNet")
+    return [
+        (True, f"dlopen({str(library)!r}, RTLD_NOW): every symbol resolved"),
+        (bool(net) and all(name for _, name in net),
+         f"ncclNet plugin tables: {[f'v{v} {n!r}' for v, n in net] or 'none'} (NCCL searches v{NET_VERSIONS[0]}..v{NET_VERSIONS[-1]})"),
+        (True, f"ncclCollNet plugin tables: {[f'v{v} {n!r}' for v, n in coll] or 'none'}"),
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nccl", type=parse_version, required=True, help="pinned NCCL version, e.g. 2.28.9")
     parser.add_argument("--efa", action="store_true", help="also check the aws-ofi-nccl plugin and libfabric")
+    parser.add_argument("--plugin", type=Path, default=None,
+                        help="plugin library to load (default: libnccl-net-$NCCL_NET_PLUGIN.so in the plugin directory)")
     args = parser.parse_args(argv)
-    results = check_nccl(args.nccl) + (check_efa() if args.efa else [])
+    results = check_nccl(args.nccl)
+    if args.efa:
+        plugin = args.plugin or PLUGIN_DIR / f"libnccl-net-{os.environ.get('NCCL_NET_PLUGIN', '')}.so"
+        results += check_efa() + check_cudart() + check_plugin(plugin)
     for passed, message in results:
         print(f"{'ok' if passed else 'FAIL'}: {message}")
     return 0 if all(passed for passed, _ in results) else 1
