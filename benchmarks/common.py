@@ -57,6 +57,8 @@ def summarise(*, name: str, config: dict, step_times: list[float], tokens_per_st
         "name": name,
         "config": config,
         "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+        # torchrun agents of the job (--nnodes); GROUP_WORLD_SIZE is torchrun's name for it.
+        "nodes": int(os.environ.get("GROUP_WORLD_SIZE", "1")),
         "measured_steps": len(step_times),
         "median_step_time_s": median,
         "min_step_time_s": min(step_times),

@@ -74,7 +74,7 @@ def main(model_name: str, seq_len: int, batch_size: int, overrides: tuple[str, .
 
     def step(_: int) -> None:
         batches = [dataset.batch(sampler.next_rows()).to(device) for _ in range(accum)]
-        train_step(model, optimizer, batches, cfg.training, env.world_size)
+        train_step(model, optimizer, batches, cfg.training, env.world_size, cfg.parallelism.grad_sync)
 
     times = time_steps(step, warmup, steps)
     arch = MODELS[model_name]

@@ -134,13 +134,24 @@ class ParallelismConfig:
     # torch.compile each decoder block (GPU only; ignored with a warning on CPU). On by default: it
     # fuses the norms, rotary embedding and SwiGLU (BENCHMARKS.md measures what it adds).
     compile: bool = True
-    # Parameters in bf16 with fp32 gradient reduction, or everything in fp32.
-    precision: Literal["bf16", "fp32"] = "bf16"
+    # Parameters in bf16 with fp32 gradient reduction, or everything in fp32. fp8: as bf16, and the
+    # decoder layers' linear projections compute in float8 (torchao, dynamic tensorwise scales);
+    # the output layer (lm_head), the embeddings and the norms stay bf16.
+    precision: Literal["bf16", "fp8", "fp32"] = "bf16"
+    # fp8 only: FSDP all-gathers the decoder weights in float8 (half the bytes of bf16). Off by
+    # default: between two GPUs over NVLink the extra casts cost more than the traffic saved
+    # (BENCHMARKS.md); across nodes it can pay.
+    fp8_all_gather: bool = False
     # Keep the last decoder layer unsharded after forward: backward starts with it, so resharding
     # would only gather it again immediately.
     reshard_last_layer: bool = False
     # Explicit forward/backward prefetch of the next layer's all-gather.
     prefetch: bool = True
+    # Gradient accumulation (training.grad_accum_steps > 1): "last" reduces gradients once, after
+    # the last micro-batch (FSDP keeps unsharded fp32 gradients of every parameter meanwhile: 4 bytes
+    # per parameter); "every" reduce-scatters after each micro-batch (sharded gradients only). "auto":
+    # "last" when the memory estimate fits the GPU (trainer.memory), else "every".
+    grad_sync: Literal["auto", "last", "every"] = "auto"
 
     def __post_init__(self) -> None:
         _require(self.shard_group_size >= 0, "parallelism.shard_group_size",
@@ -148,6 +159,8 @@ class ParallelismConfig:
         _require(self.shard_group_size == 0 or self.sharding_strategy == "HYBRID_SHARD",
                  "parallelism.shard_group_size", "is only used with sharding_strategy HYBRID_SHARD; remove it")
         _require(self.selective_ac_every >= 1, "parallelism.selective_ac_every", "must be at least 1")
+        _require(not self.fp8_all_gather or self.precision == "fp8", "parallelism.fp8_all_gather",
+                 "needs precision fp8; set parallelism.precision: fp8 or remove fp8_all_gather")
 
 
 @dataclass(frozen=True, kw_only=True)

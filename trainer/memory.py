@@ -5,16 +5,18 @@ checkpointing mode into each run's config) and the trainer (which resolves `auto
 real device's memory), so both choose the same way. Pure Python, no torch.
 
 Per GPU, in bytes (P parameters, L layers, b batch per GPU, s sequence length, h hidden size,
-kv KV width, i intermediate size, V vocabulary, d = 2 for bf16 or 4 for fp32, S the shard group):
-- resident state: P x (4 fp32 parameters + 8 AdamW moments, 4 in bf16) / S;
+kv KV width, i intermediate size, V vocabulary, d = 2 for bf16 and fp8 or 4 for fp32, S the shard group):
+- resident state: P x (4 fp32 parameters + 8 AdamW moments, 4 in bf16) / S; with gradient
+  accumulation synchronised only at the last micro-batch, plus 4 P of unsharded fp32 gradients;
 - activations or gradients, whichever is larger: backward frees a layer's saved activations as it
   produces that layer's gradients, so the two peaks do not add up. Gradients are 4 P / S. Saved
   activations are the layer input b x s x h x d for a checkpointed layer and b x s x (6h + 2kv + 4i)
   x d for a layer that keeps them (every layer with no checkpointing; all but every Nth with
   selective), plus one layer being recomputed;
 - gathered parameters: FULL_SHARD / HYBRID_SHARD two decoder layers (current and prefetched) plus
-  the root (embeddings, final norm, lm_head) in d bytes; SHARD_GRAD_OP and NO_SHARD keep all P
-  gathered; plus one layer's unsharded fp32 gradients;
+  the root (embeddings, final norm, lm_head) in d bytes (decoder weights 1 byte with the fp8
+  all-gather); SHARD_GRAD_OP and NO_SHARD keep all P gathered; plus one layer's unsharded fp32
+  gradients;
 - the loss: chunked min(b x s, loss_chunk_size) rows of V fp32 logits and their gradient; full: b x s;
 - a fixed 4 GiB for the CUDA context, NCCL buffers, compile workspaces and fragmentation.
 
@@ -43,20 +45,31 @@ FIT_FRACTION = 0.90
 AUTO_ORDER = ("none", "selective", "full")
 
 
-def estimate_peak_gib(arch: Architecture, cfg: TrainConfig, shard: int, ac_mode: str | None = None) -> float:
-    """Estimated peak memory per GPU in GiB; `ac_mode` overrides the config's checkpointing mode."""
+def estimate_peak_gib(arch: Architecture, cfg: TrainConfig, shard: int, ac_mode: str | None = None,
+                      grad_sync: str | None = None) -> float:
+    """Estimated peak memory per GPU in GiB; `ac_mode` and `grad_sync` override the config's."""
     P, L, h = arch.num_params, arch.num_layers, arch.hidden_size
     kv = arch.num_kv_heads * arch.head_dim
     par, tr = cfg.parallelism, cfg.training
     mode = ac_mode or par.activation_checkpointing
     if mode == "auto":
         raise ValueError("resolve activation_checkpointing 'auto' before estimating")
-    d = 2 if par.precision == "bf16" else 4
+    # fp8 keeps bf16 parameters, activations and gathered weights (the float8 casts are transient);
+    # with the float8 all-gather the gathered decoder weights are 1 byte.
+    d = 4 if par.precision == "fp32" else 2
     resident = P * (4 + (4 if tr.bf16_optimizer_state else 8)) / shard
     grads = P * 4 / shard
+    # An unresolved grad_sync 'auto' counts as 'every'; resolve_auto decides it before the estimate.
+    if tr.grad_accum_steps > 1 and (grad_sync or par.grad_sync) == "last":
+        # Unsynchronised micro-batches accumulate unsharded fp32 gradients of every parameter.
+        resident += P * 4
     root = arch.num_embedding_params + h
     layer = (P - root) / L
-    gathered = ((2 * layer + root) if par.sharding_strategy in ("FULL_SHARD", "HYBRID_SHARD") else P) * d
+    d_layer = 1 if par.fp8_all_gather else d
+    if par.sharding_strategy in ("FULL_SHARD", "HYBRID_SHARD"):
+        gathered = 2 * layer * d_layer + root * d
+    else:
+        gathered = (P - root) * d_layer + root * d
     gathered += layer * 4
     tokens = tr.batch_size_per_gpu * cfg.data.seq_len
     layer_in = tokens * h * d
@@ -79,17 +92,32 @@ def fits(estimate_gib: float, gpu_memory_gib: float) -> bool:
     return estimate_gib <= FIT_FRACTION * gpu_memory_gib
 
 
-def choose_activation_checkpointing(arch: Architecture, cfg: TrainConfig, shard: int, gpu_memory_gib: float) -> str:
+def choose_activation_checkpointing(arch: Architecture, cfg: TrainConfig, shard: int, gpu_memory_gib: float,
+                                    grad_sync: str | None = None) -> str:
     """The least-recomputing mode whose estimate fits; 'full' when none does (the caller may reject)."""
     for mode in AUTO_ORDER:
-        if fits(estimate_peak_gib(arch, cfg, shard, mode), gpu_memory_gib):
+        if fits(estimate_peak_gib(arch, cfg, shard, mode, grad_sync), gpu_memory_gib):
             return mode
     return "full"
 
 
 def resolve_auto(arch: Architecture, cfg: TrainConfig, shard: int, gpu_memory_gib: float) -> TrainConfig:
-    """`cfg` with activation_checkpointing 'auto' replaced by the chosen mode (unchanged otherwise)."""
-    if cfg.parallelism.activation_checkpointing != "auto":
+    """`cfg` with activation_checkpointing and grad_sync 'auto' replaced by the chosen settings.
+
+    grad_sync 'auto' is 'last' (one gradient reduction per optimizer step) when some checkpointing
+    mode fits with it, else 'every'; checkpointing 'auto' is then chosen as above. Settings that are
+    not 'auto' are kept.
+    """
+    par = cfg.parallelism
+    ac_fixed = par.activation_checkpointing != "auto"
+    sync = par.grad_sync
+    if sync == "auto":
+        modes = (par.activation_checkpointing,) if ac_fixed else AUTO_ORDER
+        sync = "last" if any(fits(estimate_peak_gib(arch, cfg, shard, m, "last"), gpu_memory_gib)
+                             for m in modes) else "every"
+    mode = par.activation_checkpointing if ac_fixed else choose_activation_checkpointing(
+        arch, cfg, shard, gpu_memory_gib, sync)
+    if mode == par.activation_checkpointing and sync == par.grad_sync:
         return cfg
-    mode = choose_activation_checkpointing(arch, cfg, shard, gpu_memory_gib)
-    return dataclasses.replace(cfg, parallelism=dataclasses.replace(cfg.parallelism, activation_checkpointing=mode))
+    return dataclasses.replace(cfg, parallelism=dataclasses.replace(par, activation_checkpointing=mode,
+                                                                     grad_sync=sync))

@@ -140,10 +140,22 @@ class StepResult:
     num_real_tokens: torch.Tensor  # non-padding input tokens in the global batch
 
 
+def _fp8_all_gather_modules(model: torch.nn.Module) -> bool:
+    """Whether any torchao Float8Linear all-gathers its weight in float8 (needs per-step scales)."""
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if getattr(config, "enable_fsdp_float8_all_gather", False):
+            return True
+    return False
+
+
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batches: Sequence[Batch],
-               cfg: TrainingConfig, dp_size: int) -> StepResult:
+               cfg: TrainingConfig, dp_size: int, grad_sync: str = "last") -> StepResult:
     """Forward/backward over the micro-batches, clip, optimizer step. Collective: all ranks call it.
 
+    grad_sync "last" (parallelism.grad_sync, resolved): FSDP reduces gradients only in the last
+    micro-batch's backward; the earlier ones accumulate unsharded fp32 gradients locally, so k
+    micro-batches cost one reduce-scatter instead of k. "every": a reduce-scatter per micro-batch.
     Nothing here waits for the device: the results stay tensors until the caller reads them.
     """
     device = micro_batches[0].input_ids.device
@@ -158,7 +170,10 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_b
     # into the sum over all trained tokens divided by their number.
     scale = dp_size / num_loss_tokens
     loss_sum = torch.zeros((), dtype=torch.float32, device=device)
-    for batch in micro_batches:
+    defer = grad_sync != "every" and len(micro_batches) > 1 and hasattr(model, "set_requires_gradient_sync")
+    for i, batch in enumerate(micro_batches):
+        if defer:
+            model.set_requires_gradient_sync(i == len(micro_batches) - 1)
         loss = model(batch.input_ids, batch.targets, batch.loss_index, loss_impl=cfg.loss_impl,
                      loss_chunk_size=cfg.loss_chunk_size)
         (loss * scale).backward()
@@ -170,6 +185,12 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_b
         grad_norm = grad_norm.full_tensor()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    if _fp8_all_gather_modules(model):
+        # One all-reduce for the float8 scales of every weight, instead of one per weight at the
+        # next all-gather.
+        from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+        precompute_float8_dynamic_scale_for_fsdp(model)
     dist.all_reduce(loss_sum)
     return StepResult(loss=loss_sum / num_loss_tokens, grad_norm=grad_norm,
                       num_loss_tokens=counts[0], num_real_tokens=counts[1])

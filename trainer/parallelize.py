@@ -1,6 +1,7 @@
 """Process group, device mesh and the FSDP2 wrapping of the model.
 
 `parallelize` applies, in this fixed order (each step wraps what the previous one produced):
+0. with precision fp8, torchao's Float8Linear for the decoder layers' linear projections;
 1. activation checkpointing per decoder layer (none / full / selective every Nth layer);
 2. torch.compile per decoder layer (GPU only), so the compiled region contains the checkpointed block;
 3. fully_shard per decoder layer, then the root (embeddings, final norm, lm_head).
@@ -113,7 +114,7 @@ def apply_compile(model: torch.nn.Module, enabled: bool, device_type: str) -> No
 
 def apply_fsdp(model: torch.nn.Module, cfg: ParallelismConfig, mesh: DeviceMesh) -> None:
     """fully_shard every decoder layer, then the root."""
-    if cfg.precision == "bf16":
+    if cfg.precision in ("bf16", "fp8"):
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     else:
         mp = MixedPrecisionPolicy()
@@ -135,8 +136,29 @@ def apply_fsdp(model: torch.nn.Module, cfg: ParallelismConfig, mesh: DeviceMesh)
                 layer.set_modules_to_backward_prefetch([layers[i - 1]])
 
 
+def apply_fp8(model: torch.nn.Module, cfg: ParallelismConfig, device_type: str) -> None:
+    """Swap the decoder layers' nn.Linear for torchao's Float8Linear (precision fp8 only).
+
+    Only linears inside model.model.layers are converted: the lm_head (its logits feed the loss, and
+    torchao's recipes keep it in high precision), the embeddings and the norms stay bf16. Scales are
+    dynamic and per tensor. Without an fp8-capable GPU (CPU runs, tests) torchao emulates the float8
+    matmul, so the same code path runs everywhere.
+    """
+    if cfg.precision != "fp8":
+        return
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    emulate = device_type != "cuda" or torch.cuda.get_device_capability() < (8, 9)
+    config = Float8LinearConfig(enable_fsdp_float8_all_gather=cfg.fp8_all_gather, emulate=emulate)
+    for layer in decoder_layers(model):
+        # fp8 matmuls need both dimensions divisible by 16; every catalog architecture's are.
+        convert_to_float8_training(layer, config=config, module_filter_fn=lambda m, _: (
+            isinstance(m, torch.nn.Linear) and m.in_features % 16 == 0 and m.out_features % 16 == 0))
+
+
 def parallelize(model: torch.nn.Module, cfg: ParallelismConfig, mesh: DeviceMesh) -> torch.nn.Module:
-    """Checkpointing -> compile -> FSDP, on the meta-device model; returns the same module."""
+    """fp8 linears -> checkpointing -> compile -> FSDP, on the meta-device model; returns the same module."""
+    apply_fp8(model, cfg, mesh.device_type)
     apply_activation_checkpointing(model, cfg.activation_checkpointing, cfg.selective_ac_every)
     apply_compile(model, cfg.compile, mesh.device_type)
     apply_fsdp(model, cfg, mesh)

@@ -191,7 +191,8 @@ def train(cfg: TrainConfig, env: DistEnv) -> None:
     for step in range(start_step + 1, steps + 1):
         micro_batches = [dataset.batch(sampler.next_rows()).to(device) for _ in range(accum)]
         lr = scheduler.get_last_lr()[0]
-        result = train_step(model, optimizer, micro_batches, cfg.training, env.world_size)
+        result = train_step(model, optimizer, micro_batches, cfg.training, env.world_size,
+                            cfg.parallelism.grad_sync)
         scheduler.step()
         metrics.step_done(step, result, lr=lr, num_samples=global_rows, data_state=sampler.state_dict())
         if checkpointer.due(step, steps):
@@ -204,7 +205,7 @@ def train(cfg: TrainConfig, env: DistEnv) -> None:
 
     # 6. Optional consolidated Hugging Face export, then leave the process group.
     if cfg.checkpoint.export_dir:
-        dtype = torch.bfloat16 if cfg.parallelism.precision == "bf16" else torch.float32
+        dtype = torch.float32 if cfg.parallelism.precision == "fp32" else torch.bfloat16
         modeling.export_hf(model, cfg.checkpoint.export_dir, dtype=dtype, model_dir=model_dir)
         say(f"export: {cfg.checkpoint.export_dir}")
     metrics.close()

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# On a two-GPU H200 machine: the measurements of BENCHMARKS.md's two-GPU sections, in stages that each
+# fit one device call. Results (JSON lines, logs) go to ${OUT:-/tmp/h200x2}.
+#   bash benchmarks/h200x2.sh preflight   # NCCL all-reduce bus bandwidth and transport over NVLink
+#   bash benchmarks/h200x2.sh suite7b     # Llama-2-7B on 2 GPUs: FSDP1 baseline, bf16, fp8, strategies
+#   bash benchmarks/h200x2.sh models      # 1-GPU 7B, Llama-3.1-8B and Llama-2-13B on 2 GPUs, 2 agents
+#   bash benchmarks/h200x2.sh parity      # bf16 against fp8 loss curves, one GPU each, side by side
+set -uo pipefail
+out="${OUT:-/tmp/h200x2}"
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
+suite() { python3 benchmarks/suite.py --warmup 3 --steps 6 "$@"; }
+for stage in "$@"; do
+  case "$stage" in
+    preflight)
+      python3 -m torch.distributed.run --standalone --nproc_per_node=2 -m trainer.preflight \
+        --size-mib 256 --iters 20 --expect-transport nvlink --json "$out/preflight.json" \
+        --keep-nccl-log "$out/nccl-nvlink.log"
+      echo "preflight exit $?" ;;
+    suite7b)
+      suite --gpus 2 --out "$out/h200x2-llama2-7b.jsonl" --only \
+        baseline-fsdp1,default,default-fp8,default-fp8-all-gather,default-shard-grad-op,default-fp8-shard-grad-op ;;
+    models)
+      suite --gpus 1 --out "$out/h200x1.jsonl" --only default,default-fp8
+      suite --gpus 2 --model llama3.1-8b --out "$out/h200x2-models.jsonl" --only default,default-fp8
+      suite --gpus 2 --model llama2-13b --out "$out/h200x2-models.jsonl" --only default
+      suite --gpus 2 --nodes 2 --out "$out/h200x2-nodes2.jsonl" --only default,default-hybrid-shard ;;
+    parity)
+      python3 benchmarks/fp8_parity.py --out "$out/parity" ;;
+    *) echo "unknown stage $stage" >&2; exit 2 ;;
+  esac
+done
