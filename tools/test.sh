@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The project's test command (the README's second quick-start command, and what CI runs):
 # installs everything, checks that overlays/ matches matrix.yaml, validates the whole repository
-# with real kustomize + kubeconform + schemas, then runs the pytest suite.
-#   CRD schemas: $FSDP_GITOPS_CRD_SCHEMAS, default ../shared/schemas/crds beside the checkout.
+# with real kustomize + kubeconform + schemas, then runs the pytest suite (the cluster harness
+# levels included: real kube-apiserver, Training Operator, kwok and Flux, built once and cached).
+#   CRD schemas: generated from the pinned CRD sources into .tools/schemas/ (tools/cluster/schemas.py);
+#   $FSDP_GITOPS_CRD_SCHEMAS overrides the folder.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 python="${PYTHON:-python}"
-export FSDP_GITOPS_CRD_SCHEMAS="${FSDP_GITOPS_CRD_SCHEMAS:-$root/../shared/schemas/crds}"
 bash tools/setup.sh test
+export FSDP_GITOPS_CRD_SCHEMAS="${FSDP_GITOPS_CRD_SCHEMAS:-$("$python" -m tools.cluster.schemas)}"
 "$python" generators/expand.py matrix.yaml --check
 "$python" generators/validate.py --crd-schemas "$FSDP_GITOPS_CRD_SCHEMAS"
 status=0
