@@ -86,12 +86,25 @@ def test_the_objects_agree_with_the_marked_image_line_and_the_flux_source(object
     repository, _, tag = job_image().rpartition(":")
     assert repo_["spec"]["image"] == repository and repo_["spec"]["provider"] == "aws"
     assert automation["spec"]["sourceRef"] == {"kind": "GitRepository", "name": SOURCE_NAME, "namespace": FLUX_NAMESPACE}
-    assert automation["spec"]["update"] == {"path": "./base/pytorchjob", "strategy": "Setters"}
+    assert automation["spec"]["update"] == {"path": "./base", "strategy": "Setters"}
     assert automation["spec"]["git"]["push"]["branch"] == automation["spec"]["git"]["checkout"]["ref"]["branch"] == "main"
     # The committed tag is one the policy can select, and per-commit tags are not.
     pattern = re.compile(policy["spec"]["filterTags"]["pattern"])
     assert pattern.match(tag) and not pattern.match("sha-" + "0" * 40)
     assert all(re.match(p, "sha-" + "0" * 40) for p in repo_["spec"]["exclusionList"][:1])
+
+
+def test_every_trainer_image_in_git_is_marked_and_inside_the_automation_path(objects):
+    """The data staging Job runs the trainer image too: an unmarked copy would stay on an old tag."""
+    path = objects["ImageUpdateAutomation"]["spec"]["update"]["path"]
+    repository = job_image().rpartition(":")[0]
+    users = [f for f in sorted((REPO / "base").rglob("*.yaml")) if repository + ":" in f.read_text()]
+    assert {f.relative_to(REPO).as_posix() for f in users} >= {"base/pytorchjob/pytorchjob.yaml",
+                                                               "base/data-staging/job.yaml"}
+    for f in users:
+        assert (REPO / path).resolve() in f.resolve().parents, f"{f} is outside the automation path {path}"
+        lines = [line for line in f.read_text().splitlines() if repository + ":" in line]
+        assert all((m := MARKED.match(line)) and m.group("ref") == POLICY_REF for line in lines), (f, lines)
 
 
 def test_the_workflow_pushes_to_the_repository_flux_scans():

@@ -23,7 +23,7 @@ from generators.tools import REPO_ROOT, tool
 
 BASES = ["base/etcd", "base/training-operator", "base/monitoring/controllers", "base/monitoring/configs",
          "base/node-tools", "base/infrastructure/controllers", "base/infrastructure/configs"]
-DCGM_PANEL_METRICS = ["DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_MEM_COPY_UTIL", "DCGM_FI_DEV_XID_ERRORS",
+DCGM_PANEL_METRICS = ["DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_XID_ERRORS",
                       "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE"]
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 GPU_TAINTS = {"nvidia.com/gpu", "vpc.amazonaws.com/efa"}
@@ -162,7 +162,8 @@ def gpu_workloads(docs: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, A
 
 def test_gpu_workloads_follow_the_node_affinity_contract(controllers: list[dict[str, Any]]) -> None:
     found = list(gpu_workloads(controllers))
-    assert {label for label, _, _ in found} == {"DaemonSet/htop", "DaemonSet/nvtop", "HelmRelease/dcgm-exporter"}
+    assert {label for label, _, _ in found} == {"DaemonSet/htop", "DaemonSet/nvtop", "HelmRelease/dcgm-exporter",
+                                                "DaemonSet/nvidia-device-plugin", "DaemonSet/efa-device-plugin"}
     for label, affinity, tolerations in found:
         terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
         assert len(terms) == 1, label
