@@ -66,7 +66,7 @@ def summarise(*, name: str, config: dict, step_times: list[float], tokens_per_st
         "tokens_per_s_per_gpu": tps_gpu,
         "mfu": tps_gpu * flops_per_token / peak_flops if peak_flops else 0.0,
         "versions": versions(),
-        "command": " ".join(shlex.quote(a) for a in [os.environ.get("BENCH_LAUNCHER", "python")] + sys.argv),
+        "command": " ".join(shlex.quote(a) for a in shlex.split(os.environ.get("BENCH_LAUNCHER", "python")) + sys.argv),
     }
     if torch.cuda.is_available():
         result["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30

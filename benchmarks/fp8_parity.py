@@ -1,0 +1,168 @@
+"""Does fp8 train as well as bf16? The same run twice, side by side, one GPU each.
+
+    python benchmarks/fp8_parity.py --out DIR [--model llama2-7b] [--steps 300] [--seq-len 1024]
+
+1. Writes samsum-format dialogues (the templates of tests/data/make_trainer_data.py, a fixed seed) to
+   DIR/samsum.jsonl and trains a byte-level BPE tokenizer on them with the `tokenizers` package
+   (DIR/tokenizer/, loadable by transformers' AutoTokenizer like a checkpoint's tokenizer).
+2. Starts two trainer processes at once (torchrun, one GPU each): precision bf16 on GPU 0 and fp8 on
+   GPU 1, identical otherwise: random init with one seed, the same rows in the same order, the
+   trainer's own model, data, optimizer and training step (trainer/). Each writes DIR/<precision>.jsonl,
+   one {"step", "loss", "grad_norm", "step_time_s"} per optimizer step.
+3. Prints the final losses (mean of the last 20 steps) and their relative difference, and writes
+   DIR/loss.svg (both curves; the project's chart code, generators/results/svgchart.py) and
+   DIR/parity.json.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+
+import click
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests", "data"))
+
+TAIL = 20  # final loss: mean over the last TAIL steps (one step's loss is noisy)
+
+
+def make_data(out: str, examples: int, vocab: int) -> tuple[str, str]:
+    """The dataset file and the tokenizer directory (written once, reused when present)."""
+    from make_trainer_data import samsum
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    data = os.path.join(out, "samsum.jsonl")
+    rng = random.Random(0)
+    records = [samsum(rng) for _ in range(examples)]
+    with open(data, "w", encoding="utf-8") as fh:
+        for r in records:
+            fh.write(json.dumps(r) + "\n")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<pad>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator((f"{r['dialogue']}\n{r['summary']}" for r in records), trainer=trainer)
+    tok_dir = os.path.join(out, "tokenizer")
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                            pad_token="<pad>").save_pretrained(tok_dir)
+    return data, tok_dir
+
+
+def worker(precision: str, model_name: str, data: str, tok_dir: str, seq_len: int, batch: int, steps: int,
+           lr: float, out_path: str) -> None:
+    """One training run under torchrun (one rank): the trainer's code path, losses to out_path."""
+    import time
+
+    import torch
+
+    from trainer import model as modeling
+    from trainer.catalog import MODELS
+    from trainer.config import from_dict
+    from trainer.data import HFTokenizer, ShardedSampler, build_dataset
+    from trainer.optim import build_optimizer, build_scheduler, train_step
+    from trainer.parallelize import build_mesh, init_distributed, parallelize, resolve_checkpointing
+    from trainer.train import DistEnv
+
+    cfg = from_dict({"model": {"name": model_name},
+                     "data": {"path": data, "format": "samsum", "seq_len": seq_len, "packing": True},
+                     "training": {"batch_size_per_gpu": batch, "max_steps": steps, "lr": lr,
+                                  "warmup_steps": steps // 10, "seed": 0},
+                     "parallelism": {"precision": precision}})
+    env = DistEnv.from_environ()
+    device = init_distributed(env.local_rank)
+    torch.manual_seed(0)
+    model = modeling.build_model(cfg.model)
+    cfg = resolve_checkpointing(cfg, MODELS[model_name], env.world_size, env.local_world_size, device)
+    mesh = build_mesh(cfg.parallelism, env.world_size, env.local_world_size, device.type)
+    parallelize(model, cfg.parallelism, mesh)
+    modeling.materialize(model, device)
+    modeling.init_random_weights(model, cfg.model.init_seed)
+    dataset = build_dataset(cfg.data, HFTokenizer(tok_dir), model.config.vocab_size, cfg.training.seed)
+    sampler = ShardedSampler(len(dataset), batch, env.rank, env.world_size, cfg.training.seed)
+    optimizer = build_optimizer(model, cfg.training, device)
+    scheduler = build_scheduler(optimizer, cfg.training, steps)
+    model.train()
+    with open(out_path, "w", encoding="utf-8") as fh:
+        for step in range(1, steps + 1):
+            t0 = time.perf_counter()
+            batches = [dataset.batch(sampler.next_rows()).to(device)]
+            result = train_step(model, optimizer, batches, cfg.training, env.world_size, cfg.parallelism.grad_sync)
+            scheduler.step()
+            fh.write(json.dumps({"step": step, "loss": float(result.loss), "grad_norm": float(result.grad_norm),
+                                 "step_time_s": time.perf_counter() - t0, "precision": precision,
+                                 "rows": len(dataset)}) + "\n")
+            fh.flush()
+
+
+def read_losses(path: str) -> list[tuple[int, float]]:
+    with open(path, encoding="utf-8") as fh:
+        return [(r["step"], r["loss"]) for r in map(json.loads, fh)]
+
+
+def compare(curves: dict[str, list[tuple[int, float]]]) -> dict:
+    """Final losses (mean of the last TAIL steps) and the relative difference of fp8 against bf16."""
+    final = {name: sum(v for _, v in pts[-TAIL:]) / len(pts[-TAIL:]) for name, pts in curves.items()}
+    rel = abs(final["fp8"] - final["bf16"]) / final["bf16"]
+    return {"final_loss": final, "relative_difference": rel, "within_2_percent": rel <= 0.02,
+            "steps": {name: len(pts) for name, pts in curves.items()}, "tail_steps": TAIL}
+
+
+def chart(curves: dict[str, list[tuple[int, float]]], every: int) -> str:
+    from generators.results.svgchart import Series, line_chart
+
+    series = [Series(name=name, points=tuple((s, v) for s, v in pts if s == 1 or s % every == 0))
+              for name, pts in curves.items()]
+    return line_chart(series, title="Training loss, bf16 and fp8 (same seed and data)",
+                      x_label="optimizer step (log scale)", y_label="loss", y_tick=lambda v: f"{v:.1f}")
+
+
+@click.command()
+@click.option("--out", required=True, help="Directory for the data, the tokenizer, losses and chart.")
+@click.option("--model", "model_name", default="llama2-7b", show_default=True)
+@click.option("--steps", default=300, show_default=True)
+@click.option("--seq-len", default=1024, show_default=True)
+@click.option("--batch-size", default=4, show_default=True)
+@click.option("--lr", default=1e-4, show_default=True)
+@click.option("--examples", default=40000, show_default=True, help="samsum-format dialogues generated")
+@click.option("--vocab", default=4096, show_default=True, help="BPE vocabulary size")
+@click.option("--worker", "worker_precision", type=click.Choice(["bf16", "fp8"]), default=None, hidden=True)
+def main(out: str, model_name: str, steps: int, seq_len: int, batch_size: int, lr: float, examples: int,
+         vocab: int, worker_precision: str | None) -> None:
+    """Train bf16 and fp8 side by side and compare the loss curves."""
+    data, tok_dir = os.path.join(out, "samsum.jsonl"), os.path.join(out, "tokenizer")
+    if worker_precision:
+        worker(worker_precision, model_name, data, tok_dir, seq_len, batch_size, steps, lr,
+               os.path.join(out, f"{worker_precision}.jsonl"))
+        return
+    os.makedirs(out, exist_ok=True)
+    make_data(out, examples, vocab)
+    procs = []
+    for gpu, precision in enumerate(("bf16", "fp8")):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
+               os.path.abspath(__file__), "--out", out, "--model", model_name, "--steps", str(steps),
+               "--seq-len", str(seq_len), "--batch-size", str(batch_size), "--lr", str(lr), "--worker", precision]
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu), NCCL_NVLS_ENABLE="0", PYTHONUNBUFFERED="1")
+        click.echo(f"--- {precision} on GPU {gpu}: {' '.join(cmd[2:])}", err=True)
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env))
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        click.echo(f"error: a training run failed (exit codes {codes})", err=True)
+        sys.exit(1)
+    curves = {p: read_losses(os.path.join(out, f"{p}.jsonl")) for p in ("bf16", "fp8")}
+    result = compare(curves)
+    with open(os.path.join(out, "parity.json"), "w", encoding="utf-8") as fh:
+        json.dump(result, fh, indent=1, sort_keys=True)
+    with open(os.path.join(out, "loss.svg"), "w", encoding="ascii") as fh:
+        fh.write(chart(curves, max(1, steps // 12)))
+    click.echo(json.dumps(result, sort_keys=True))
+
+
+
+if __name__ == "__main__":
+    main()
