@@ -19,7 +19,7 @@ for stage in "$@"; do
       echo "preflight exit $?" ;;
     suite7b)
       suite --gpus 2 --out "$out/h200x2-llama2-7b.jsonl" --only \
-        baseline-fsdp1,default,default-fp8,default-fp8-all-gather,default-shard-grad-op,default-fp8-shard-grad-op ;;
+        default,default-fp8,baseline-fsdp1,default-shard-grad-op,default-fp8-shard-grad-op,default-fp8-all-gather ;;
     models)
       suite --gpus 1 --out "$out/h200x1.jsonl" --only default,default-fp8
       suite --gpus 2 --model llama3.1-8b --out "$out/h200x2-models.jsonl" --only default,default-fp8
