@@ -7,33 +7,58 @@
 
 Bad input (the matrix or the options) prints one line on stderr naming the file, line, key and fix,
 and exits 2 without touching the output directory; other failures exit 1. The matrix format is
-described in generators/matrix.py and README.md.
+described in generators/matrix/ and README.md.
 """
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
+from typing import Any, Sequence
 
+import click
+
+from generators.core import writer
+from generators.core.cli import errors_to_exit_codes, matrix_label, output_dir, sync
+from generators.core.errors import InputError
+from generators.matrix import Matrix, Run, expand, load
+from generators.plan import ClusterPlan, Plan, plan
+from generators.render import Layout, layout_for, render
+
+# The checkout this command belongs to (a copy of the repository writes into itself).
 REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:  # run as `python generators/expand.py` from anywhere
-    sys.path.insert(0, str(REPO_ROOT))
-
-import click  # noqa: E402
-
-from generators import matrix as matrix_mod  # noqa: E402
-from generators import writer  # noqa: E402
-from generators.cli import bad_input, matrix_label, output_dir, sync  # noqa: E402
-from generators.errors import MatrixError  # noqa: E402
-from generators.model import Plan  # noqa: E402
-from generators.plan import plan  # noqa: E402
-from generators.render import render  # noqa: E402
-from generators.writer import GENERATOR  # noqa: E402
-
+GENERATOR = writer.GENERATOR
 DEFAULT_OUT = REPO_ROOT / "overlays"
 
 
-def format_table(plans: list[Plan]) -> str:
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("matrix", metavar="MATRIX")
+@click.option("--out", "out", metavar="DIR", default=None,
+              help="Output directory (default: the repository's overlays/).")
+@click.option("--check", is_flag=True, help="Write nothing; exit 1 naming every file that would change.")
+@click.option("--list", "list_runs", is_flag=True, help="Print a table of the runs; write nothing.")
+@errors_to_exit_codes
+def main(matrix: str, out: str | None, check: bool, list_runs: bool) -> None:
+    """Expand MATRIX (an experiment matrix, e.g. matrix.yaml) into kustomize overlays."""
+    if check and list_runs:
+        raise InputError("choose one", key="--check and --list", fix="drop one of the two options")
+    out_dir = output_dir(out, DEFAULT_OUT)
+    label = matrix_label(matrix, REPO_ROOT)
+
+    m: Matrix = load(matrix)
+    runs: list[Run] = expand(m)
+    plans: list[ClusterPlan] = plan(m, runs)
+    if list_runs:
+        click.echo(format_table([p for cluster_plan in plans for p in cluster_plan.runs]))
+        return
+    layout: Layout = layout_for(out_dir, REPO_ROOT)
+    manifests: dict[str, Any] = render(plans, layout)
+    files: dict[str, bytes] = writer.serialize(manifests, label)
+
+    rerun = f"python {GENERATOR} {matrix}" + (f" --out {out}" if out else "")
+    sync(out_dir, files, check=check, generator=GENERATOR, rerun=rerun, what=f"for {len(runs)} runs")
+
+
+def format_table(plans: Sequence[Plan]) -> str:
+    """The --list table: one row per run."""
     header = ("NAME", "CLUSTER", "MODEL", "INSTANCE TYPE", "NODES", "GPUS/NODE", "WORLD", "SHARDING",
               "ACT. CKPT", "EST. GIB/GPU")
     rows = [header] + [(p.name, p.cluster, p.model, p.instance_type, str(p.nodes), str(p.gpus_per_node),
@@ -44,33 +69,6 @@ def format_table(plans: list[Plan]) -> str:
     lines = ["  ".join(c.rjust(w) if i in numeric and r is not header else c.ljust(w)
                        for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows]
     return "\n".join(lines)
-
-
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("matrix", metavar="MATRIX")
-@click.option("--out", "out", metavar="DIR", default=None,
-              help="Output directory (default: the repository's overlays/).")
-@click.option("--check", is_flag=True, help="Write nothing; exit 1 naming every file that would change.")
-@click.option("--list", "list_runs", is_flag=True, help="Print a table of the runs; write nothing.")
-def main(matrix: str, out: str | None, check: bool, list_runs: bool) -> None:
-    """Expand MATRIX (an experiment matrix, e.g. matrix.yaml) into kustomize overlays."""
-    if check and list_runs:
-        bad_input("--check and --list: choose one; fix: drop one of the two options")
-    out_dir = output_dir(out, DEFAULT_OUT)
-    label = matrix_label(matrix)
-    try:
-        m = matrix_mod.load(matrix)
-        plans = plan(m)
-        if list_runs:
-            click.echo(format_table(plans))
-            return
-        root_from_out = Path(os.path.relpath(REPO_ROOT, out_dir.resolve())).as_posix()
-        files = writer.serialize(render(m, plans, root_from_out), label)
-    except MatrixError as err:
-        bad_input(str(err))
-        return
-    sync(out_dir, files, check=check, generator=GENERATOR,
-         rerun=f"python {GENERATOR} {matrix}" + (f" --out {out}" if out else ""), what=f"for {len(plans)} runs")
 
 
 if __name__ == "__main__":

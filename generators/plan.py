@@ -4,7 +4,7 @@ For each run, in this order: instance type (the cluster must offer it) -> GPUs p
 instance's) -> nodes (at most the cluster's max_nodes) -> the trainer config (validated by
 trainer.config.from_dict, the one source of truth) -> sharding topology (trainer.config.check_topology)
 -> a memory-fit estimate -> /dev/shm against host memory -> name, rendezvous and per-run paths.
-Every failure is a MatrixError pointing at the matrix line that set the offending value.
+Every failure is a InputError pointing at the matrix line that set the offending value.
 
 Run names
 ---------
@@ -42,10 +42,12 @@ import json
 import re
 from typing import Any, Sequence
 
-from generators.catalog import INSTANCE_TYPES, MODELS, efa_for
-from generators.errors import MatrixError
-from generators.matrix import Matrix, expand
-from generators.model import Plan, Run
+from dataclasses import dataclass
+
+from generators.core.errors import InputError
+from generators.matrix.load import Matrix
+from generators.matrix.schema import RUN_FIELDS, Cluster, GitSource, RdzvBackend, Run
+from trainer.catalog import INSTANCE_TYPES, MODELS, efa_for
 from trainer.config import ConfigError, TrainConfig, check_topology, from_dict, to_dict
 from trainer.memory import FIT_FRACTION, estimate_peak_gib, fits, resolve_auto
 
@@ -69,12 +71,75 @@ GENERATED_TRAINER_KEYS = {
 }
 
 
-def plan(matrix: Matrix) -> list[Plan]:
-    """Expand and plan every run of the matrix; raise MatrixError on the first bad run."""
-    return plan_runs(matrix, expand(matrix))
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """A run resolved against the catalogs: everything a renderer needs, nothing to look up."""
+
+    # Run name: DNS-1035 label, at most 50 characters; also the PyTorchJob name.
+    name: str
+    # Cluster name (key of `clusters`).
+    cluster: str
+    # Namespace of the PyTorchJob (the cluster's namespace).
+    namespace: str
+    # Model name (key of trainer.catalog.MODELS) and its Hugging Face id ("" for test models).
+    model: str
+    hf_id: str
+    # EC2 instance type, its GPU model ("A100", "H100", "H200") and GPU memory per GPU, GiB.
+    instance_type: str
+    gpu_model: str
+    gpu_memory_gib: int
+    # Worker pods (one per node) and GPUs per pod; world_size = nodes * gpus_per_node.
+    nodes: int
+    gpus_per_node: int
+    world_size: int
+    # EFA interfaces requested per pod (vpc.amazonaws.com/efa).
+    efa_per_node: int
+    # Whether the instance supports EFA RDMA (FI_EFA_USE_DEVICE_RDMA=1).
+    efa_rdma: bool
+    # FSDP sharding strategy and the group size parameters are sharded over (world size for
+    # FULL_SHARD / SHARD_GRAD_OP, the shard group for HYBRID_SHARD, 1 for NO_SHARD).
+    sharding: str
+    shard_group_size: int
+    # Relative to the output directory: runs/<cluster>/<name>.
+    overlay_dir: str
+    # torchrun rendezvous: backend, endpoint host:port, and an id unique to the run.
+    rdzv_backend: RdzvBackend
+    rdzv_endpoint: str
+    rdzv_id: str
+    # Hard cap on GPU time, seconds (runPolicy.activeDeadlineSeconds).
+    active_deadline_s: int
+    # /dev/shm size limit per pod, GiB.
+    shm_size_gib: int
+    # Estimated peak GPU memory per GPU, GiB (the estimate the fit check used).
+    est_gpu_memory_gib: float
+    # The resolved trainer config (to_dict of it goes into the run's ConfigMap as train.yaml).
+    trainer: TrainConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterPlan:
+    """One cluster and everything planned for it: what every renderer takes (never the matrix)."""
+
+    # The matrix path as given: errors about the cluster name it.
+    matrix_file: str
+    cluster: Cluster
+    # The Git repository the cluster's Flux syncs.
+    source: GitSource
+    # The cluster's runs, in matrix order.
+    runs: tuple[Plan, ...]
+
+
+def plan(matrix: Matrix, runs: Sequence[Run]) -> list[ClusterPlan]:
+    """Plan every run (raise InputError on the first bad one) and group the plans by cluster, in the
+    order of the matrix's `clusters`."""
+    plans = plan_runs(matrix, runs)
+    return [ClusterPlan(matrix_file=matrix.file, cluster=c, source=matrix.repository,
+                        runs=tuple(p for p in plans if p.cluster == name))
+            for name, c in matrix.clusters.items()]
 
 
 def plan_runs(matrix: Matrix, runs: Sequence[Run]) -> list[Plan]:
+    """Plan every run in order; two runs with the same name are an error."""
     plans: list[Plan] = []
     seen: dict[str, Run] = {}
     cache: dict[str, TrainConfig] = {}
@@ -82,7 +147,7 @@ def plan_runs(matrix: Matrix, runs: Sequence[Run]) -> list[Plan]:
         p = plan_run(matrix, run, cache)
         first = seen.get(p.name)
         if first is not None:
-            raise MatrixError(
+            raise InputError(
                 f"run {p.name} is defined twice (also by {first.entry_key} at line {first.entry_line})",
                 file=matrix.file, line=run.entry_line, key=run.entry_key,
                 fix="remove the duplicate, or make it differ (for a repeat of the same run, bump rev)")
@@ -104,11 +169,11 @@ def _where(matrix: Matrix, run: Run, path: str) -> tuple[int, str]:
     return run.entry_line, f"{run.entry_key}.{path}"
 
 
-def _fail(matrix: Matrix, run: Run, path: str, message: str, fix: str, readable: str = "") -> MatrixError:
+def _fail(matrix: Matrix, run: Run, path: str, message: str, fix: str, readable: str = "") -> InputError:
     line, key = _where(matrix, run, path)
     if readable:
         message = f"{message} (run {readable})"
-    return MatrixError(message, file=matrix.file, line=line, key=key, fix=fix)
+    return InputError(message, file=matrix.file, line=line, key=key, fix=fix)
 
 
 def slug(text: str) -> str:
@@ -218,11 +283,9 @@ def plan_run(matrix: Matrix, run: Run, cache: dict[str, TrainConfig] | None = No
                     f"{run.shm_size_gib} GiB of /dev/shm is more than half the host memory of the GPUs' share "
                     f"of {instance_name}", f"use at most {shm_cap}", readable)
 
-    digest = config_hash({
-        "cluster": run.cluster, "model": run.model, "instance_type": instance_name, "nodes": run.nodes,
-        "gpus_per_node": gpus, "rdzv_backend": run.rdzv_backend, "active_deadline_s": run.active_deadline_s,
-        "shm_size_gib": run.shm_size_gib, "rev": run.rev, "name": run.name, "trainer": to_dict(cfg),
-    })
+    # Every run field (as resolved) and the resolved trainer config: a new run field joins the hash.
+    digest = config_hash({**{f: getattr(run, f) for f in RUN_FIELDS}, "instance_type": instance_name,
+                          "gpus_per_node": gpus, "trainer": to_dict(cfg)})
     name = f"{readable}-{digest}"
     cfg = dataclasses.replace(
         cfg,

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from generators import matrix as matrix_mod
-from generators.plan import plan
+from generators.plan import plan, plan_runs
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,7 +46,15 @@ def load(text: str, file: str = "m.yaml") -> matrix_mod.Matrix:
 
 
 def plans(text: str, file: str = "m.yaml"):
-    return plan(load(text, file))
+    """Every run's Plan, in matrix order."""
+    m = load(text, file)
+    return plan_runs(m, matrix_mod.expand(m))
+
+
+def cluster_plans(text: str, file: str = "m.yaml"):
+    """The per-cluster plans the renderers take."""
+    m = load(text, file)
+    return plan(m, matrix_mod.expand(m))
 
 
 def line_of(text: str, needle: str, nth: int = 1) -> int:

@@ -13,10 +13,11 @@ from click.testing import CliRunner
 
 from generators import cluster
 from generators import matrix as matrix_mod
-from generators.model import Cluster
+from generators.matrix.schema import Cluster
 from generators.plan import plan
-from generators.tools import tool
-from generators.validate import default_crd_dir
+from generators.render import provisioning
+from generators.core.gotools import tool
+from generators.validation.schemas import default_crd_dir
 
 REPO = Path(__file__).resolve().parent.parent
 MATRIX = REPO / "matrix.yaml"
@@ -123,12 +124,12 @@ def test_a_bad_instance_type_in_the_matrix_fails_with_one_line_and_writes_nothin
 
 def test_gpu_node_groups_carry_efa_private_networking_zone_volume_and_the_largest_run(generated):
     m = matrix_mod.load(str(MATRIX))
-    plans = plan(m)
+    plans = [p for cp in plan(m, matrix_mod.expand(m)) for p in cp.runs]
     for name, c in m.clusters.items():
         groups = {g["name"]: g for g in load(generated / name / "eksctl.yaml")["managedNodeGroups"]}
-        assert set(groups) == {"system"} | {cluster.nodegroup_name(t) for t in c.instance_types}
+        assert set(groups) == {"system"} | {provisioning.nodegroup_name(t) for t in c.instance_types}
         for itype in c.instance_types:
-            g = groups[cluster.nodegroup_name(itype)]
+            g = groups[provisioning.nodegroup_name(itype)]
             largest = max(p.nodes for p in plans if p.cluster == name and p.instance_type == itype)
             assert (g["instanceType"], g["efaEnabled"], g["privateNetworking"]) == (itype, True, True)
             assert g["availabilityZones"] == [c.availability_zones[0]]
@@ -178,10 +179,10 @@ def test_karpenter_replaces_the_gpu_node_groups_and_its_objects_pass_their_crd_s
     for name, c in m.clusters.items():
         config = load(generated_karpenter / name / "eksctl.yaml")
         assert [g["name"] for g in config["managedNodeGroups"]] == ["system"]
-        assert config["karpenter"]["version"] == cluster.KARPENTER_VERSION
-        assert config["metadata"]["tags"][cluster.DISCOVERY_TAG] == name
+        assert config["karpenter"]["version"] == provisioning.KARPENTER_VERSION
+        assert config["metadata"]["tags"][provisioning.DISCOVERY_TAG] == name
         pools = sorted((generated_karpenter / name / "karpenter").glob("nodepool-*.yaml"))
-        assert [p.name for p in pools] == sorted(f"nodepool-{cluster.nodegroup_name(t)}.yaml" for t in c.instance_types)
+        assert [p.name for p in pools] == sorted(f"nodepool-{provisioning.nodegroup_name(t)}.yaml" for t in c.instance_types)
         pool = load(pools[0])["spec"]
         assert {"key": "topology.kubernetes.io/zone", "operator": "In",
                 "values": [c.availability_zones[0]]} in pool["template"]["spec"]["requirements"]
@@ -196,9 +197,9 @@ def test_a_single_zone_gets_the_next_zone_for_the_control_plane():
     c = Cluster(name="c", namespace="fsdp", instance_types=("p5.48xlarge",), region="us-west-2",
                 availability_zones=("us-west-2a",), capacity_reservation_ids=(), volume_size_gib=500,
                 kubernetes_version="1.33", max_nodes=4, shared_storage_gib=100)
-    assert cluster.cluster_zones(c) == ["us-west-2a", "us-west-2b"]
+    assert provisioning.cluster_zones(c) == ["us-west-2a", "us-west-2b"]
     two = Cluster(**{**c.__dict__, "availability_zones": ("us-west-2c", "us-west-2d")})
-    assert cluster.cluster_zones(two) == ["us-west-2c", "us-west-2d"]
+    assert provisioning.cluster_zones(two) == ["us-west-2c", "us-west-2d"]
 
 
 def test_the_committed_definitions_are_up_to_date():

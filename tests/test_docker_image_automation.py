@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from generators.clusters import FLUX_NAMESPACE, SOURCE_NAME
-from generators.tools import tool
-from generators.validate import default_crd_dir
+from generators.render.flux import FLUX_NAMESPACE, SOURCE_NAME
+from generators.core.gotools import tool
+from generators.validation.schemas import default_crd_dir
 
 REPO = Path(__file__).resolve().parent.parent
 AUTOMATION = REPO / "base" / "image-automation"

@@ -5,7 +5,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from generators.tools import tool
+from generators.core.gotools import tool
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKERFILE = REPO / "docker" / "Dockerfile"

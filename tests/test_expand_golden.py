@@ -14,11 +14,11 @@ from pathlib import Path
 
 import yaml
 
-from generators import writer
-from generators.matrix import load
+from generators.core import writer
+from generators.core.gotools import tool
+from generators.matrix import expand, load
 from generators.plan import plan
-from generators.render import render
-from generators.tools import tool
+from generators.render import layout_for, render
 from matrix_support import REPO_ROOT
 
 MATRIX = REPO_ROOT / "tests" / "data" / "matrix-golden.yaml"
@@ -28,7 +28,7 @@ LABEL = "tests/data/matrix-golden.yaml"
 
 def expected_files() -> dict[str, bytes]:
     m = load(str(MATRIX))
-    files = render(m, plan(m), os.path.relpath(REPO_ROOT, GOLDEN))
+    files = render(plan(m, expand(m)), layout_for(GOLDEN, REPO_ROOT))
     # Only the run overlays: the per-cluster files have their own renderer and tests.
     return writer.serialize({k: v for k, v in files.items() if k.startswith("runs/")}, LABEL)
 

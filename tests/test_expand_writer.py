@@ -7,8 +7,8 @@ import subprocess
 import pytest
 import yaml
 
-from generators import writer
-from generators.tools import tool
+from generators.core import writer
+from generators.core.gotools import tool
 
 TRICKY = [
     "yes", "No", "on", "OFF", "y", "n", "true", "null", "~", "", " ", " lead", "trail ", "1", "08", "0x1F", "0o17",

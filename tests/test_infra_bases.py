@@ -17,9 +17,9 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from generators import validate as v
-from generators.catalog import INSTANCE_TYPES
-from generators.tools import REPO_ROOT, tool
+from generators.validation import pipeline, schemas
+from trainer.catalog import INSTANCE_TYPES
+from generators.core.gotools import REPO_ROOT, tool
 
 BASES = ["base/etcd", "base/training-operator", "base/monitoring/controllers", "base/monitoring/configs",
          "base/node-tools", "base/infrastructure/controllers", "base/infrastructure/configs"]
@@ -54,7 +54,7 @@ def configs() -> list[dict[str, Any]]:
 
 
 def test_every_base_builds_and_passes_kubeconform_strict() -> None:
-    report = v.validate(REPO_ROOT, BASES, crd_dir=v.default_crd_dir())
+    report = pipeline.validate(REPO_ROOT, BASES, crd_dir=schemas.default_crd_dir())
     assert report.problems == [], "\n".join(map(str, report.problems))
     assert report.num_builds >= len(BASES)
 
@@ -65,7 +65,7 @@ def test_the_validation_catches_an_unknown_field_in_a_base(tmp_path: Path) -> No
     shutil.copytree(REPO_ROOT / "base" / "etcd", tmp_path / "base" / "etcd")
     dep = tmp_path / "base" / "etcd" / "deployment.yaml"
     dep.write_text(dep.read_text().replace("readinessProbe:", "readinesProbe:"))
-    report = v.validate(tmp_path, ["base/etcd"], crd_dir=v.default_crd_dir())
+    report = pipeline.validate(tmp_path, ["base/etcd"], crd_dir=schemas.default_crd_dir())
     assert any("readinesProbe" in p.message and "etcd" in str(p) for p in report.problems), report.problems
 
 
@@ -94,7 +94,7 @@ def test_training_operator_is_the_pinned_upstream_standalone_overlay(controllers
     # The same release the PyTorchJob schema in CI was generated from.
     tag = repo["spec"]["ref"]["tag"]
     assert re.fullmatch(r"v1\.9\.\d+", tag), tag
-    sources = (v.default_crd_dir() / "SOURCES.md").read_text().splitlines()
+    sources = (schemas.default_crd_dir() / "SOURCES.md").read_text().splitlines()
     (row,) = [line for line in sources if "kubeflow.org/pytorchjob_v1.json" in line and line.startswith("|")]
     assert f"| {tag} " in row, row
     ks = find(controllers, "Kustomization", "training-operator")
@@ -233,7 +233,7 @@ def test_kueue_components_build_and_validate_when_enabled(tmp_path: Path) -> Non
     for k, comp in (("controllers", "controller"), ("configs", "queues")):
         f = tmp_path / "base" / "infrastructure" / k / "kustomization.yaml"
         f.write_text(f.read_text() + f"components:\n  - ../../components/kueue/{comp}\n")
-    report = v.validate(tmp_path, ["base/infrastructure", "base/components"], crd_dir=v.default_crd_dir())
+    report = pipeline.validate(tmp_path, ["base/infrastructure", "base/components"], crd_dir=schemas.default_crd_dir())
     assert report.problems == [], "\n".join(map(str, report.problems))
     kinds = {d["kind"] for d in build("base/infrastructure/configs", tmp_path)}
     assert {"ResourceFlavor", "ClusterQueue", "LocalQueue"} <= kinds

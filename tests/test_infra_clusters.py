@@ -15,13 +15,15 @@ from typing import Any
 import pytest
 import yaml
 
-from generators import clusters, matrix, writer
-from generators import validate as v
-from generators.catalog import INSTANCE_TYPES
-from generators.model import Repository
-from generators.plan import plan
-from generators.render import render
-from generators.tools import REPO_ROOT, tool
+from generators import matrix
+from generators.core import writer
+from generators.render import flux as clusters
+from generators.validation import pipeline, schemas
+from trainer.catalog import INSTANCE_TYPES
+from generators.matrix.schema import GitSource
+from generators.plan import ClusterPlan, plan
+from generators.render import OVERLAYS, render
+from generators.core.gotools import REPO_ROOT, tool
 
 # fsdp-p5: two GPU instance types, a non-default namespace, runs. fsdp-p4de: no runs at all.
 MATRIX = """\
@@ -68,7 +70,7 @@ def make_tree(root: Path, text: str = MATRIX) -> matrix.Matrix:
     shutil.copytree(REPO_ROOT / "base", root / "base")
     (root / "matrix.yaml").write_text(text)
     m = matrix.load(str(root / "matrix.yaml"))
-    for rel, data in writer.serialize(render(m, plan(m), ".."), "matrix.yaml").items():
+    for rel, data in writer.serialize(render(plan(m, matrix.expand(m)), OVERLAYS), "matrix.yaml").items():
         path = root / "overlays" / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
@@ -83,7 +85,7 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, matrix.Matrix]
 
 def test_rendered_clusters_validate_with_their_flux_graph(tree: tuple[Path, matrix.Matrix]) -> None:
     root, _ = tree
-    report = v.validate(root, crd_dir=v.default_crd_dir())
+    report = pipeline.validate(root, crd_dir=schemas.default_crd_dir())
     assert report.problems == [], "\n".join(map(str, report.problems))
     # 2 clusters x 4 infrastructure, 4 runs, and the Training Operator's own Kustomization per cluster.
     assert report.num_flux_kustomizations == 2 * 4 + 4 + 2
@@ -92,7 +94,7 @@ def test_rendered_clusters_validate_with_their_flux_graph(tree: tuple[Path, matr
 def test_the_flux_graph_check_can_fail_on_a_missing_secrets_folder(tmp_path: Path) -> None:
     make_tree(tmp_path)
     shutil.rmtree(tmp_path / "base" / "secrets" / "fsdp-p4de")
-    report = v.validate(tmp_path, crd_dir=v.default_crd_dir())
+    report = pipeline.validate(tmp_path, crd_dir=schemas.default_crd_dir())
     assert any("base/secrets/fsdp-p4de" in p.message and "overlays/clusters/fsdp-p4de" in p.file
                for p in report.problems), report.problems
 
@@ -120,7 +122,7 @@ def test_infrastructure_chain_is_controllers_configs_secrets(tree: tuple[Path, m
 
 def test_one_kustomization_per_run_after_infra_configs(tree: tuple[Path, matrix.Matrix]) -> None:
     root, m = tree
-    plans = [p for p in plan(m) if p.cluster == "fsdp-p5"]
+    plans = [p for cp in plan(m, matrix.expand(m)) for p in cp.runs if p.cluster == "fsdp-p5"]
     docs = load_all(root / "overlays/clusters/fsdp-p5/experiments.yaml")
     assert [d["metadata"]["name"] for d in docs] == sorted(f"run-{p.name}" for p in plans)
     for d in docs:
@@ -149,7 +151,7 @@ def test_source_is_the_matrix_repository(tree: tuple[Path, matrix.Matrix]) -> No
     assert src["spec"]["url"] == "https://github.com/example/fsdp-gitops"
     assert src["spec"]["ref"] == {"branch": "release"}
     assert "secretRef" not in src["spec"]
-    ssh = clusters.git_repository(Repository(url="ssh://git@github.com/example/fsdp-gitops", branch="main"))
+    ssh = clusters.git_repository(GitSource(url="ssh://git@github.com/example/fsdp-gitops", branch="main"), OVERLAYS)
     assert ssh["spec"]["secretRef"] == {"name": "flux-system"}
 
 
@@ -247,9 +249,10 @@ def test_no_training_pod_is_privileged(tree: tuple[Path, matrix.Matrix]) -> None
 
 def test_rendering_is_deterministic(tree: tuple[Path, matrix.Matrix]) -> None:
     _, m = tree
-    plans = plan(m)
-    first = {c: clusters.render_cluster(cl, plans, m.repository) for c, cl in m.clusters.items()}
-    again = {c: clusters.render_cluster(cl, list(reversed(plans)), m.repository) for c, cl in m.clusters.items()}
+    plans = plan(m, matrix.expand(m))
+    first = [clusters.render_cluster(cp, OVERLAYS) for cp in plans]
+    again = [clusters.render_cluster(ClusterPlan(matrix_file=cp.matrix_file, cluster=cp.cluster, source=cp.source,
+                                                 runs=tuple(reversed(cp.runs))), OVERLAYS) for cp in plans]
     assert first == again
 
 

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from generators import matrix, plan
-from generators.tools import REPO_ROOT, tool
+from generators.core.gotools import REPO_ROOT, tool
 
 ETCD_DEPLOYMENT = REPO_ROOT / "base" / "etcd" / "deployment.yaml"
 ETCD_SERVICE = REPO_ROOT / "base" / "etcd" / "service.yaml"
@@ -132,7 +132,8 @@ def rdzv_ids(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     """The rendezvous ids the generator assigns to two etcd runs of one cluster."""
     path = tmp_path_factory.mktemp("matrix") / "matrix.yaml"
     path.write_text(MATRIX)
-    plans = plan.plan(matrix.load(str(path)))
+    m = matrix.load(str(path))
+    plans = plan.plan_runs(m, matrix.expand(m))
     assert [p.rdzv_backend for p in plans] == ["etcd", "etcd"]
     return [p.rdzv_id for p in plans]
 
@@ -140,7 +141,8 @@ def rdzv_ids(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
 def test_generated_endpoint_is_the_etcd_service_of_base_etcd(tmp_path: Path) -> None:
     path = tmp_path / "matrix.yaml"
     path.write_text(MATRIX)
-    endpoints = {p.rdzv_endpoint for p in plan.plan(matrix.load(str(path)))}
+    m = matrix.load(str(path))
+    endpoints = {p.rdzv_endpoint for p in plan.plan_runs(m, matrix.expand(m))}
     svc = yaml.safe_load(ETCD_SERVICE.read_text())
     namespace = yaml.safe_load((REPO_ROOT / "base" / "etcd" / "kustomization.yaml").read_text())["namespace"]
     port = svc["spec"]["ports"][0]["port"]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from generators.tools import REPO_ROOT, tool
+from generators.core.gotools import REPO_ROOT, tool
 
 TOKEN = "hf_RoundTripTestTokenNotReal0123456789"
 SECRET = {

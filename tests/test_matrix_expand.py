@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from generators.errors import MatrixError
+from generators.core.errors import InputError
 from generators.matrix import expand
 from matrix_support import GOOD, HEADER, line_of, load
 
@@ -83,7 +83,7 @@ def test_exclude_matches_trainer_keys_and_types_strictly():
     # 10.0 is not 10: the exclude entry matches nothing, which is an error.
     text = GOOD.replace("nodes: [1, 2]", "nodes: [1, 2]\n  trainer.training.max_steps: [10]")
     assert runs_of(text + "exclude:\n  - {trainer.training.max_steps: 10, nodes: 1}\n")[0].nodes == 2
-    with pytest.raises(MatrixError) as info:
+    with pytest.raises(InputError) as info:
         runs_of(text + "exclude:\n  - {trainer.training.max_steps: 10.0}\n")
     assert "matches no run" in info.value.message
     assert info.value.key == "exclude[0]"
@@ -91,7 +91,7 @@ def test_exclude_matches_trainer_keys_and_types_strictly():
 
 def test_exclude_matching_nothing_names_its_line():
     text = GOOD + "exclude:\n  - {model: llama2-70b}\n"
-    with pytest.raises(MatrixError) as info:
+    with pytest.raises(InputError) as info:
         runs_of(text)
     assert info.value.line == line_of(text, "llama2-70b}")
 
@@ -111,7 +111,7 @@ def test_without_axes_only_include_runs_exist():
 
 def test_a_run_without_a_required_field_points_at_its_entry():
     text = HEADER + DEFAULTS + "include:\n  - {model: llama2-7b}\n"
-    with pytest.raises(MatrixError) as info:
+    with pytest.raises(InputError) as info:
         runs_of(text)
     assert (info.value.key, info.value.line) == ("include[0].nodes", line_of(text, "- {model: llama2-7b}"))
 

@@ -1,15 +1,15 @@
-"""Strict matrix loading: every bad input is a MatrixError naming the file, the line, the key and a fix."""
+"""Strict matrix loading: every bad input is a InputError naming the file, the line, the key and a fix."""
 from __future__ import annotations
 
 import pytest
 
-from generators.errors import MatrixError
-from generators.matrix import trainer_schema
+from generators.core.errors import InputError
+from generators.matrix.schema import trainer_schema
 from matrix_support import GOOD, HEADER, RUNS, line_of, load
 
 
-def error_of(text: str) -> MatrixError:
-    with pytest.raises(MatrixError) as info:
+def error_of(text: str) -> InputError:
+    with pytest.raises(InputError) as info:
         load(text)
     err = info.value
     assert err.file == "m.yaml"
@@ -32,9 +32,9 @@ def test_good_matrix_loads_with_clusters_repository_and_defaults():
 
 
 def test_error_format_is_file_line_key_message_fix():
-    err = MatrixError("must be at least 1", file="m.yaml", line=12, key="defaults.nodes", fix="set nodes to 1 or more")
+    err = InputError("must be at least 1", file="m.yaml", line=12, key="defaults.nodes", fix="set nodes to 1 or more")
     assert str(err) == "m.yaml:12: defaults.nodes: must be at least 1; fix: set nodes to 1 or more"
-    assert str(MatrixError("x", file="m.yaml", key="k", fix="y")) == "m.yaml: k: x; fix: y"
+    assert str(InputError("x", file="m.yaml", key="k", fix="y")) == "m.yaml: k: x; fix: y"
 
 
 def test_yaml_syntax_error_names_its_line():

@@ -5,8 +5,8 @@ import re
 
 import pytest
 
-from generators.catalog import INSTANCE_TYPES, MODELS, efa_for
-from generators.errors import MatrixError
+from trainer.catalog import INSTANCE_TYPES, MODELS, efa_for
+from generators.core.errors import InputError
 from trainer.memory import estimate_peak_gib as estimate_gpu_memory_gib
 from matrix_support import GOOD, HEADER, line_of, plans
 from trainer.config import from_dict
@@ -24,8 +24,8 @@ def one(include: str, defaults: str = DEFAULTS):
     return plans(HEADER + defaults + "include:\n  - " + include + "\n")[0]
 
 
-def fails(text: str) -> MatrixError:
-    with pytest.raises(MatrixError) as info:
+def fails(text: str) -> InputError:
+    with pytest.raises(InputError) as info:
         plans(text)
     assert info.value.fix and info.value.file == "m.yaml"
     return info.value
@@ -200,11 +200,12 @@ def test_same_run_twice_is_an_error():
 
 
 def test_the_seed_matrix_plans_thirty_runs_without_70b_below_four_nodes():
-    from generators.matrix import load
-    from generators.plan import plan
+    from generators.matrix import expand, load
+    from generators.plan import plan_runs
     from matrix_support import REPO_ROOT
 
-    seed = plan(load(str(REPO_ROOT / "matrix.yaml")))
+    m = load(str(REPO_ROOT / "matrix.yaml"))
+    seed = plan_runs(m, expand(m))
     assert len(seed) == 30
     assert {p.cluster for p in seed} == {"fsdp-p4de", "fsdp-p5"}
     assert min(p.nodes for p in seed if p.model == "llama2-70b") == 4

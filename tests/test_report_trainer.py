@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from generators.report import load, main, summarise
+from generators.report import main
+from generators.results.measurements import load, summarise
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STEPS = 6

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from generators import report
-from generators.report import ReportError, load, load_benchmarks, load_run, summarise
-from generators.svgchart import nice_ticks
+from generators.core.errors import InputError
+from generators.results import render as report
+from generators.results.measurements import load, load_benchmarks, load_run, summarise
+from generators.results.svgchart import nice_ticks
 from report_support import bench_record, run_info, step_record, write_jsonl, write_run
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -87,7 +88,7 @@ def test_an_explicit_baseline_world_size_is_100_percent(tmp_path):
 
 
 def test_a_baseline_world_size_missing_from_a_series_is_bad_input(scaling):
-    with pytest.raises(ReportError) as err:
+    with pytest.raises(InputError) as err:
         summarise(load([str(scaling)], 3), baseline_world_size=2)
     assert err.value.key == "--baseline-world-size"
     assert "'baseline' has no measurement at 2 GPUs (it has 1, 8)" in str(err.value)
@@ -165,7 +166,7 @@ def test_every_launch_of_a_run_drops_its_own_warmup(tmp_path):
 
 def test_a_run_with_only_warmup_logs_is_bad_input(tmp_path):
     run = write_run(tmp_path / "short", 1, [100.0, 100.0, 100.0])
-    with pytest.raises(ReportError) as err:
+    with pytest.raises(InputError) as err:
         load_run(run, "short", warmup_logs=3)
     assert str(err.value).startswith(f"{Path('short') / 'metrics.jsonl'}: step: all 3 logged steps (1 launch(es)) "
                                      "are warm-up with --warmup-logs 3; fix:")
@@ -174,7 +175,7 @@ def test_a_run_with_only_warmup_logs_is_bad_input(tmp_path):
 def test_a_logged_world_size_that_differs_from_the_run_info_is_bad_input(tmp_path):
     run = write_run(tmp_path / "r", 2, [100.0] * 4)
     write_jsonl(run / "metrics.jsonl", [step_record(1, 2, 1.0), step_record(2, 4, 1.0)])
-    with pytest.raises(ReportError) as err:
+    with pytest.raises(InputError) as err:
         load_run(run, "r", 0)
     assert (err.value.line, err.value.key) == (2, "world_size")
     assert "is 4 but r/run.json says 2" in err.value.message
@@ -184,7 +185,7 @@ def test_a_missing_run_info_key_names_the_line_of_its_parent(tmp_path):
     info = run_info(2)
     del info["config"]["parallelism"]["sharding_strategy"]
     run = write_run(tmp_path / "r", 2, [100.0] * 4, info=info)
-    with pytest.raises(ReportError) as err:
+    with pytest.raises(InputError) as err:
         load_run(run, "r", 0)
     text = (run / "run.json").read_text().splitlines()
     assert err.value.key == "config.parallelism.sharding_strategy"

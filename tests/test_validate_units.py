@@ -7,26 +7,27 @@ import re
 import pytest
 import yaml
 
-from generators import fluxgraph, manifests, semantics
-from generators import validate as v
+from generators.core import yamlio
+from generators.core.errors import InputError
+from generators.validation import fluxgraph, manifests, pipeline, schemas, semantics
 
 
 def test_duplicate_key_is_a_yaml_error_with_its_line():
     with pytest.raises(yaml.YAMLError) as err:
-        manifests.load_documents("a: 1\nb:\n  c: 2\n  c: 3\n", "x.yaml")
+        yamlio.load_documents("a: 1\nb:\n  c: 2\n  c: 3\n", "x.yaml")
     problem = manifests.yaml_error("x.yaml", err.value)
     assert problem.line == 4
     assert "duplicate key 'c' (first at line 3)" in str(problem)
 
 
 def test_documents_keep_their_first_line_and_skip_empty_ones():
-    docs = manifests.load_documents("---\na: 1\n---\n---\nb: 2\n", "x.yaml")
+    docs = yamlio.load_documents("---\na: 1\n---\n---\nb: 2\n", "x.yaml")
     assert [(d.data, d.line) for d in docs] == [({"a": 1}, 2), ({"b": 2}, 5)]
 
 
 def test_syntax_error_names_file_and_line():
     with pytest.raises(yaml.YAMLError) as err:
-        manifests.load_documents("a: 1\nb: c: d\n", "x.yaml")
+        yamlio.load_documents("a: 1\nb: c: d\n", "x.yaml")
     assert str(manifests.yaml_error("x.yaml", err.value)).startswith("x.yaml:2: YAML:")
 
 
@@ -74,8 +75,8 @@ def test_secret_references_are_fine(container):
 
 
 def test_core_schemas_are_prepared_once_in_kubeconform_layout(tmp_path):
-    out = v.prepare_core_schemas(v.K8S_VERSION, tmp_path)
-    assert out == tmp_path / f"v{v.K8S_VERSION}"
+    out = schemas.prepare_core_schemas(schemas.K8S_VERSION, tmp_path)
+    assert out == tmp_path / f"v{schemas.K8S_VERSION}"
     deployment = json.loads((out / "deployment-apps-v1.json").read_text())
     assert "$id" not in deployment
     # Every reference is local and resolves inside the file.
@@ -87,23 +88,23 @@ def test_core_schemas_are_prepared_once_in_kubeconform_layout(tmp_path):
     assert (out / "clusterrole-rbac-v1.json").is_file()  # rbac.authorization.k8s.io: first label
     assert not (out / "podspec-v1.json").exists()  # not a kind
     stamp = (out / "SOURCE").stat().st_mtime_ns
-    assert v.prepare_core_schemas(v.K8S_VERSION, tmp_path) == out
+    assert schemas.prepare_core_schemas(schemas.K8S_VERSION, tmp_path) == out
     assert (out / "SOURCE").stat().st_mtime_ns == stamp
     assert [p.name for p in tmp_path.iterdir()] == [out.name]  # no temporary folder left behind
 
 
 def test_core_schemas_are_prepared_again_for_another_package_version(tmp_path):
-    out = v.prepare_core_schemas(v.K8S_VERSION, tmp_path)
+    out = schemas.prepare_core_schemas(schemas.K8S_VERSION, tmp_path)
     (out / "SOURCE").write_text("kubernetes-validate 0.0.1\n")
     (out / "stale.json").write_text("{}")
-    assert v.prepare_core_schemas(v.K8S_VERSION, tmp_path) == out
+    assert schemas.prepare_core_schemas(schemas.K8S_VERSION, tmp_path) == out
     assert not (out / "stale.json").exists()
     assert [p.name for p in tmp_path.iterdir()] == [out.name]
 
 
 def test_unknown_kubernetes_version_is_a_usage_error(tmp_path):
-    with pytest.raises(v.UsageError, match="kubernetes-validate has no schemas"):
-        v.prepare_core_schemas("1.2.0", tmp_path)
+    with pytest.raises(InputError, match="kubernetes-validate has no schemas"):
+        schemas.prepare_core_schemas("1.2.0", tmp_path)
 
 
 def _job(**container):
@@ -153,7 +154,7 @@ def test_unknown_instance_type_fails():
     doc = _job()
     doc.data["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["nodeSelector"] = {
         "node.kubernetes.io/instance-type": "p9.48xlarge"}
-    assert _job_problems(doc) == ["Worker: instance type p9.48xlarge is not in the catalog (generators/catalog.py)"]
+    assert _job_problems(doc) == ["Worker: instance type p9.48xlarge is not in the catalog (trainer/catalog.py)"]
 
 
 def test_unencrypted_secret_fails_and_sops_secret_passes():

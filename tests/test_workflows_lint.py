@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from generators.tools import tool
+from generators.core.gotools import tool
 
 REPO = Path(__file__).resolve().parent.parent
 WORKFLOWS = sorted((REPO / ".github" / "workflows").glob("*.yaml"))

@@ -1,30 +1,71 @@
-"""What the generator CLIs (expand.py, cluster.py, report.py) share: how they name paths, report bad
-input (one line on stderr, exit 2, nothing written) and compare or write their generated files."""
+"""What the four commands (generators/expand.py, cluster.py, validate.py, report.py) share: how they
+name paths, turn the generators' errors into exit codes and compare or write their generated files.
+
+Errors become Click exceptions here and nowhere else: `InputError` -> one line `error: ...` on stderr
+and exit 2 (`BadInput`); `ToolError` and a failed write -> one line and exit 1 (`Failure`). Click's
+standalone mode does the exiting, so no module calls sys.exit.
+"""
 from __future__ import annotations
 
-import sys
+import functools
 from pathlib import Path
+from typing import IO, Any, Callable, Mapping
 
 import click
 
-from generators import writer
+from generators.core import writer
+from generators.core.errors import InputError, ToolError
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 EXIT_BAD_INPUT = 2
 EXIT_FAILURE = 1
 
 
-def matrix_label(path: str) -> str:
+class BadInput(click.ClickException):
+    """The user's input (a matrix, a results file or the options) is wrong: `error: ...`, exit 2."""
+
+    exit_code = EXIT_BAD_INPUT
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+class Failure(click.ClickException):
+    """Something outside the input failed, or --check found changes: the message as is (nothing when
+    empty: the command has printed what went wrong), exit 1."""
+
+    exit_code = EXIT_FAILURE
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        if self.format_message():
+            click.echo(self.format_message(), err=True)
+
+
+def errors_to_exit_codes(command: Callable[..., None]) -> Callable[..., None]:
+    """Decorate a command body: InputError -> BadInput (exit 2), ToolError -> Failure (exit 1)."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        try:
+            command(*args, **kwargs)
+        except InputError as err:
+            raise BadInput(str(err)) from None
+        except ToolError as err:
+            raise Failure(f"error: {err}") from None
+
+    return wrapper
+
+
+def matrix_label(path: str, repo_root: Path) -> str:
     """How generated banners name the matrix: relative to the repository root when inside it, so the
     bytes are the same whatever the working directory; otherwise the file name."""
     full = Path(path).resolve()
     try:
-        label = full.relative_to(REPO_ROOT).as_posix()
+        label = full.relative_to(repo_root.resolve()).as_posix()
     except ValueError:
         label = full.name
     if not label.isascii():
-        bad_input(f"{path}: MATRIX: the file name is not ASCII (generated files are ASCII only); "
-                  "fix: rename the matrix file")
+        raise InputError("the file name is not ASCII (generated files are ASCII only)", file=path, key="MATRIX",
+                         fix="rename the matrix file")
     return label
 
 
@@ -36,23 +77,18 @@ def display(path: Path) -> str:
         return str(path)
 
 
-def bad_input(message: str) -> None:
-    """One line on stderr and exit 2: the user's input (matrix or options) is wrong."""
-    click.echo(f"error: {message}", err=True)
-    sys.exit(EXIT_BAD_INPUT)
-
-
 def output_dir(out: str | None, default: Path) -> Path:
     """The --out directory; a path that exists and is not a directory is bad input."""
     out_dir = Path(out) if out is not None else default
     if out_dir.exists() and not out_dir.is_dir():
-        bad_input(f"--out {out}: is a file, not a directory; fix: pass a directory (or leave --out out)")
+        raise InputError("is a file, not a directory", key=f"--out {out}",
+                         fix="pass a directory (or leave --out out)")
     return out_dir
 
 
-def sync(out_dir: Path, files: dict[str, bytes], *, check: bool, generator: str, rerun: str,
+def sync(out_dir: Path, files: Mapping[str, bytes], *, check: bool, generator: str, rerun: str,
          what: str) -> None:
-    """Compare (--check: exit 1 naming each file that would change) or write the generated files.
+    """Compare (--check: Failure naming each file that would change) or write the generated files.
 
     `what` says what the files are for, e.g. "for 30 runs"; `rerun` is the command that regenerates.
     """
@@ -66,14 +102,12 @@ def sync(out_dir: Path, files: dict[str, bytes], *, check: bool, generator: str,
         for rel in changes.deleted:
             click.echo(f"stale: {shown}/{rel}")
         if changes.all():
-            click.echo(f"{len(changes.all())} generated files are out of date; run: {rerun}", err=True)
-            sys.exit(EXIT_FAILURE)
+            raise Failure(f"{len(changes.all())} generated files are out of date; run: {rerun}")
         click.echo(f"{len(files)} generated files {what} are up to date", err=True)
         return
     try:
         changes = writer.write(out_dir, files, generator=generator)
     except OSError as err:
-        click.echo(f"error: writing {shown}: {err}", err=True)
-        sys.exit(EXIT_FAILURE)
+        raise Failure(f"error: writing {shown}: {err}") from None
     click.echo(f"{len(files)} files {what} under {shown}: {len(changes.created)} created, "
                f"{len(changes.updated)} updated, {len(changes.deleted)} stale deleted", err=True)

@@ -9,12 +9,10 @@ import os
 import shutil
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from generators.core.errors import ToolError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 TOOLS_BIN = REPO_ROOT / ".tools" / "bin"
-
-
-class ToolNotFoundError(RuntimeError):
-    """A pinned Go tool is neither in .tools/bin nor on PATH."""
 
 
 def tool(name: str) -> str:
@@ -25,6 +23,6 @@ def tool(name: str) -> str:
     found = shutil.which(name)
     if found:
         return found
-    raise ToolNotFoundError(
+    raise ToolError(
         f"{name} not found in {TOOLS_BIN} or on PATH; install the pinned tools with `bash tools/setup.sh test`"
     )

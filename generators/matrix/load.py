@@ -1,4 +1,4 @@
-"""Load an experiment matrix strictly and expand it into runs.
+"""Load an experiment matrix strictly into a `Matrix` (what generators/matrix/expand.py expands).
 
 The format (apiVersion fsdp-gitops/v1, kind ExperimentMatrix); every section but `clusters` and
 `repository` is optional:
@@ -37,68 +37,17 @@ run is planned (generators/plan.py), mapped back to the line that set them.
 """
 from __future__ import annotations
 
-import dataclasses
 import difflib
-import itertools
 import re
 import typing
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, Mapping
 
-import yaml
-
-from generators.catalog import INSTANCE_TYPES, MODELS
-from generators.errors import MatrixError
-from generators.model import Cluster, Repository, Run
-from trainer.config import TrainConfig
-
-API_VERSION = "fsdp-gitops/v1"
-KIND = "ExperimentMatrix"
-TOP_LEVEL_KEYS = ("apiVersion", "kind", "repository", "clusters", "defaults", "axes", "include", "exclude")
-
-# Run fields: name -> (type, default). A default of None means required. Defaults that depend on
-# the cluster or instance (instance_type, gpus_per_node) are resolved by the planner and written
-# here as "" and 0.
-RUN_FIELDS: dict[str, tuple[type, Any]] = {
-    # Cluster name (a key of `clusters`).
-    "cluster": (str, None),
-    # Model name (a key of trainer.catalog.MODELS); also sets trainer.model.name.
-    "model": (str, None),
-    # Instance type; default: the cluster's only instance type (an error when it offers several).
-    "instance_type": (str, ""),
-    # Nodes (one worker pod each), at least 1.
-    "nodes": (int, None),
-    # GPUs per node; default: every GPU of the instance.
-    "gpus_per_node": (int, 0),
-    # torchrun rendezvous backend: c10d (store on the first worker pod) or etcd (fsdp-system/etcd).
-    "rdzv_backend": (str, "c10d"),
-    # Hard cap on the job's run time in seconds (runPolicy.activeDeadlineSeconds).
-    "active_deadline_s": (int, 86400),
-    # Size limit of the memory-backed /dev/shm per pod, GiB.
-    "shm_size_gib": (int, 64),
-    # Run counter: bump to launch an unchanged configuration again (it changes the name).
-    "rev": (int, 0),
-    # Readable part of the run name instead of the generated one (DNS-1035, at most 43 characters);
-    # the planner always appends the configuration hash.
-    "name": (str, ""),
-}
-RDZV_BACKENDS = ("c10d", "etcd")
-NAME_PREFIX_MAX = 43
-
-# Cluster fields: name -> (type, default); None means required.
-CLUSTER_FIELDS: dict[str, tuple[Any, Any]] = {
-    "namespace": (str, "fsdp"),
-    "instance_types": (list, None),
-    "region": (str, None),
-    "availability_zones": (list, None),
-    "capacity_reservation_ids": (list, []),
-    "volume_size_gib": (int, 500),
-    "kubernetes_version": (str, "1.33"),
-    "max_nodes": (int, 16),
-    "shared_storage_gib": (int, 1200),
-}
-REPOSITORY_FIELDS: dict[str, tuple[Any, Any]] = {"url": (str, None), "branch": (str, "main")}
+from generators.core.errors import InputError
+from generators.core.yamlio import LineDict, LineList, load_yaml
+from generators.matrix.schema import (API_VERSION, CLUSTER_FIELDS, KIND, NAME_PREFIX_MAX, REPOSITORY_FIELDS,
+                                      RUN_FIELDS, TOP_LEVEL_KEYS, Cluster, GitSource, known_at, schema_at)
+from trainer.catalog import INSTANCE_TYPES, MODELS
 
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -106,126 +55,6 @@ _REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d+$")
 _RESERVATION = re.compile(r"^cr-[0-9a-f]{8,17}$")
 _K8S_VERSION = re.compile(r"^1\.\d+$")
 _GIT_URL = re.compile(r"^(https://|ssh://)\S+$")
-
-
-# --------------------------------------------------------------------------------------------
-# Strict YAML with line numbers
-
-
-class _LineDict(dict):
-    """A mapping from the matrix, with the 1-based line of itself and of each key."""
-
-    line: int = 0
-    key_lines: dict[str, int]
-
-
-class _LineList(list):
-    """A sequence from the matrix, with the 1-based line of itself and of each item."""
-
-    line: int = 0
-    item_lines: list[int]
-
-
-def _join(parts: list[str]) -> str:
-    """["include", "[0]", "nodes"] -> "include[0].nodes"."""
-    out = ""
-    for part in parts:
-        if part:
-            out += part if part.startswith("[") or not out else "." + part
-    return out
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate keys, anchors, aliases, merge keys and non-string keys."""
-
-    def __init__(self, stream: str, file: str):
-        super().__init__(stream)
-        self.file = file
-        self._path: list[str] = []
-
-    def _where(self) -> str:
-        return _join(self._path) or "(top level)"
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if isinstance(index, yaml.ScalarNode):
-            part = str(index.value)
-        elif isinstance(index, int):
-            part = f"[{index}]"
-        else:
-            part = ""
-        self._path.append(part)
-        try:
-            event = self.peek_event()
-            if isinstance(event, yaml.AliasEvent):
-                raise MatrixError(f"alias *{event.anchor} is not allowed", file=self.file,
-                                  line=event.start_mark.line + 1, key=self._where(),
-                                  fix="write the value out in full (anchors and aliases hide what a run gets)")
-            anchor = getattr(event, "anchor", None)
-            if anchor is not None:
-                raise MatrixError(f"anchor &{anchor} is not allowed", file=self.file,
-                                  line=event.start_mark.line + 1, key=self._where(),
-                                  fix="remove the anchor and write every value out in full")
-            return super().compose_node(parent, index)
-        finally:
-            self._path.pop()
-
-    def construct_line_mapping(self, node: yaml.MappingNode) -> _LineDict:
-        out = _LineDict()
-        out.line = node.start_mark.line + 1
-        out.key_lines = {}
-        for key_node, value_node in node.value:
-            line = key_node.start_mark.line + 1
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                raise MatrixError("merge key << is not allowed", file=self.file, line=line,
-                                  key=self._where(), fix="write the keys out in this mapping")
-            key = self.construct_object(key_node, deep=True)
-            if not isinstance(key, str):
-                raise MatrixError(f"key {key!r} is a {type(key).__name__}, not a string", file=self.file,
-                                  line=line, key=self._where(), fix=f'quote the key: "{key_node.value}"')
-            if key in out:
-                raise MatrixError(f"duplicate key (first at line {out.key_lines[key]})", file=self.file,
-                                  line=line, key=_join([*self._path, key]),
-                                  fix="keep one of the two entries")
-            self._path.append(key)
-            try:
-                out[key] = self.construct_object(value_node, deep=True)
-            finally:
-                self._path.pop()
-            out.key_lines[key] = line
-        return out
-
-    def construct_line_sequence(self, node: yaml.SequenceNode) -> _LineList:
-        out = _LineList()
-        out.line = node.start_mark.line + 1
-        out.item_lines = []
-        for i, child in enumerate(node.value):
-            self._path.append(f"[{i}]")
-            try:
-                out.append(self.construct_object(child, deep=True))
-            finally:
-                self._path.pop()
-            out.item_lines.append(child.start_mark.line + 1)
-        return out
-
-
-_StrictLoader.add_constructor("tag:yaml.org,2002:map", _StrictLoader.construct_line_mapping)
-_StrictLoader.add_constructor("tag:yaml.org,2002:seq", _StrictLoader.construct_line_sequence)
-
-
-def load_yaml(text: str, file: str) -> Any:
-    """Parse one strict YAML document; every problem is a MatrixError with its line."""
-    loader = _StrictLoader(text, file)
-    try:
-        return loader.get_single_data()
-    except yaml.MarkedYAMLError as err:
-        mark = err.problem_mark or err.context_mark
-        problem = err.problem or err.context or "not valid YAML"
-        raise MatrixError(f"YAML syntax error: {problem}", file=file, line=mark.line + 1 if mark else 0,
-                          fix="correct the YAML at this line (indentation, quoting, a missing ':')") from None
-    except yaml.YAMLError as err:
-        raise MatrixError(f"YAML error: {err}", file=file, fix="correct the YAML syntax") from None
-    finally:
-        loader.dispose()
 
 
 # --------------------------------------------------------------------------------------------
@@ -266,7 +95,7 @@ class Axis:
 class Matrix:
     # The matrix path as given (used in every error message and in the generated banners).
     file: str
-    repository: Repository
+    repository: GitSource
     clusters: Mapping[str, Cluster]
     defaults: Entry
     axes: tuple[Axis, ...]
@@ -276,8 +105,8 @@ class Matrix:
     axes_line: int
 
 
-def _err(file: str, line: int, key: str, message: str, fix: str) -> MatrixError:
-    return MatrixError(message, file=file, line=line, key=key, fix=fix)
+def _err(file: str, line: int, key: str, message: str, fix: str) -> InputError:
+    return InputError(message, file=file, line=line, key=key, fix=fix)
 
 
 def _type_word(tp: Any) -> str:
@@ -299,7 +128,7 @@ def _suggest(key: str, known: typing.Iterable[str]) -> str:
     return f"{hint}known keys here: {', '.join(known)}"
 
 
-def _check_keys(file: str, data: _LineDict, known: typing.Iterable[str], prefix: str) -> None:
+def _check_keys(file: str, data: LineDict, known: typing.Iterable[str], prefix: str) -> None:
     known = tuple(known)
     for key in data:
         if key not in known:
@@ -307,8 +136,8 @@ def _check_keys(file: str, data: _LineDict, known: typing.Iterable[str], prefix:
                        f"remove it or use a known key ({_suggest(key, known)})")
 
 
-def _mapping(file: str, value: Any, line: int, key: str, what: str) -> _LineDict:
-    if not isinstance(value, _LineDict):
+def _mapping(file: str, value: Any, line: int, key: str, what: str) -> LineDict:
+    if not isinstance(value, LineDict):
         raise _err(file, line, key, f"must be a mapping ({what}), got {_describe(value)}",
                    f"write {key} as 'key: value' lines indented under it")
     return value
@@ -324,7 +153,7 @@ def _describe(value: Any) -> str:
     return f"{value!r} ({type(value).__name__})"
 
 
-def _fields(file: str, data: _LineDict, schema: Mapping[str, tuple[Any, Any]], prefix: str) -> dict[str, Any]:
+def _fields(file: str, data: LineDict, schema: Mapping[str, tuple[Any, Any]], prefix: str) -> dict[str, Any]:
     """Check keys and value types of a flat mapping against `schema`; fill in the defaults."""
     _check_keys(file, data, schema, prefix)
     out: dict[str, Any] = {}
@@ -345,7 +174,7 @@ def _fields(file: str, data: _LineDict, schema: Mapping[str, tuple[Any, Any]], p
     return out
 
 
-def _str_list(file: str, data: _LineDict, name: str, prefix: str, pattern: re.Pattern[str] | None,
+def _str_list(file: str, data: LineDict, name: str, prefix: str, pattern: re.Pattern[str] | None,
               what: str, nonempty: bool) -> tuple[str, ...]:
     items = data.get(name, [])
     line = data.key_lines.get(name, data.line)
@@ -353,7 +182,7 @@ def _str_list(file: str, data: _LineDict, name: str, prefix: str, pattern: re.Pa
         raise _err(file, line, f"{prefix}.{name}", "must not be empty", f"list at least one {what}")
     seen: set[str] = set()
     for i, item in enumerate(items):
-        iline = items.item_lines[i] if isinstance(items, _LineList) else line
+        iline = items.item_lines[i] if isinstance(items, LineList) else line
         ikey = f"{prefix}.{name}[{i}]"
         if not isinstance(item, str):
             raise _err(file, iline, ikey, f"got {_describe(item)}; must be a string", f"write a {what}")
@@ -365,7 +194,7 @@ def _str_list(file: str, data: _LineDict, name: str, prefix: str, pattern: re.Pa
     return tuple(items)
 
 
-def _parse_repository(file: str, data: Any, line: int) -> Repository:
+def _parse_repository(file: str, data: Any, line: int) -> GitSource:
     data = _mapping(file, data, line, "repository", "url and branch of the Git repository Flux syncs")
     f = _fields(file, data, REPOSITORY_FIELDS, "repository")
     if not _GIT_URL.match(f["url"]):
@@ -374,7 +203,7 @@ def _parse_repository(file: str, data: Any, line: int) -> Repository:
     if not f["branch"] or any(c.isspace() for c in f["branch"]):
         raise _err(file, data.key_lines.get("branch", data.line), "repository.branch",
                    f"{f['branch']!r} is not a branch name", "name the branch Flux follows, e.g. main")
-    return Repository(url=f["url"], branch=f["branch"])
+    return GitSource(url=f["url"], branch=f["branch"])
 
 
 def _parse_cluster(file: str, name: str, data: Any, line: int) -> Cluster:
@@ -412,46 +241,8 @@ def _parse_cluster(file: str, name: str, data: Any, line: int) -> Cluster:
     return Cluster(name=name, namespace=f["namespace"], instance_types=types, region=f["region"],
                    availability_zones=zones, capacity_reservation_ids=reservations,
                    volume_size_gib=f["volume_size_gib"], kubernetes_version=f["kubernetes_version"],
-                   max_nodes=f["max_nodes"], shared_storage_gib=f["shared_storage_gib"])
-
-
-@lru_cache(maxsize=1)
-def trainer_schema() -> dict[str, Any]:
-    """The trainer config's key tree: section -> {key: None for a value, or a nested tree}."""
-
-    def tree(cls: type) -> dict[str, Any]:
-        hints = typing.get_type_hints(cls)
-        return {f.name: tree(hints[f.name]) if dataclasses.is_dataclass(hints[f.name]) else None
-                for f in dataclasses.fields(cls)}
-
-    return tree(TrainConfig)
-
-
-@lru_cache(maxsize=1)
-def run_schema() -> dict[str, Any]:
-    """The key tree of one run: run fields (values) and the trainer section."""
-    return {**{name: None for name in RUN_FIELDS}, "trainer": trainer_schema()}
-
-
-def _schema_at(path: str) -> Any:
-    """The schema node of a run path ("" = the run): None for a value, a dict for a section.
-
-    Raises KeyError naming the first unknown part.
-    """
-    node: Any = run_schema()
-    if not path:
-        return node
-    for part in path.split("."):
-        if not isinstance(node, dict) or part not in node:
-            raise KeyError(part)
-        node = node[part]
-    return node
-
-
-def _known_at(path: str) -> list[str]:
-    """Keys valid right below `path` ("" = the run itself), for error hints."""
-    node = _schema_at(path)
-    return sorted(node) if isinstance(node, dict) else []
+                   max_nodes=f["max_nodes"], shared_storage_gib=f["shared_storage_gib"],
+                   lines={"name": line, **data.key_lines})
 
 
 class _Flattener:
@@ -467,7 +258,7 @@ class _Flattener:
         return Entry(key=key, line=line, leaves=leaves)
 
     def _walk(self, value: Any, line: int, key: str, path: str, leaves: dict[str, Leaf]) -> None:
-        node = _schema_at(path)
+        node = schema_at(path)
         if isinstance(node, dict):  # a section (or the run itself)
             what = "run fields" if not path else f"keys of {path}"
             data = _mapping(self.file, value, line, key, what)
@@ -476,9 +267,9 @@ class _Flattener:
                 sub_key = f"{key}.{sub}"
                 sub_path = f"{path}.{sub}" if path else sub
                 try:
-                    _schema_at(sub_path)
+                    schema_at(sub_path)
                 except KeyError as missing:
-                    known = _known_at(path)
+                    known = known_at(path)
                     bad = str(missing).strip("'")
                     raise _err(self.file, sub_line, sub_key, f"unknown key {bad!r}",
                                f"use a known key ({_suggest(bad, known)})") from None
@@ -496,12 +287,17 @@ class _Flattener:
                        "give one value (use `axes` to vary it)")
         if path.startswith("trainer."):
             return value
-        tp = RUN_FIELDS[path][0]
+        spec = RUN_FIELDS[path]
+        tp = spec.type
         if not _is_type(value, tp):
             fix = f"set {path} to {_type_word(tp)}"
             if tp is str and value is not None and not isinstance(value, bool):
                 fix = f'quote it: {path}: "{value}"'
             raise _err(self.file, line, key, f"got {_describe(value)}; must be {_type_word(tp)}", fix)
+        if spec.choices and value not in spec.choices:
+            what = "rendezvous backend" if path == "rdzv_backend" else path
+            raise _err(self.file, line, key, f"unknown {what} {value!r}",
+                       f"use {' or '.join(map(str, spec.choices))}")
         if path == "cluster" and value not in self.clusters:
             raise _err(self.file, line, key, f"unknown cluster {value!r}",
                        f"use one of the clusters defined under clusters: {', '.join(sorted(self.clusters)) or '(none)'}")
@@ -510,9 +306,7 @@ class _Flattener:
         if path == "instance_type" and value not in INSTANCE_TYPES:
             raise _err(self.file, line, key, f"unknown instance type {value!r}",
                        f"use one of {', '.join(sorted(INSTANCE_TYPES))}")
-        if path == "rdzv_backend" and value not in RDZV_BACKENDS:
-            raise _err(self.file, line, key, f"unknown rendezvous backend {value!r}", "use c10d or etcd")
-        least = {"nodes": 1, "gpus_per_node": 1, "active_deadline_s": 60, "shm_size_gib": 1, "rev": 0}.get(path)
+        least = spec.minimum
         if least is not None and value < least:
             raise _err(self.file, line, key, f"{value} is below {least}", f"set {path} to {least} or more")
         if path == "name" and (not _DNS1035_LABEL.match(value) or len(value) > NAME_PREFIX_MAX):
@@ -526,7 +320,7 @@ def parse(data: Any, file: str) -> Matrix:
     if data is None:
         raise _err(file, 1, "(top level)", "the file is empty",
                    f"start with 'apiVersion: {API_VERSION}' and 'kind: {KIND}' (see README.md)")
-    if not isinstance(data, _LineDict):
+    if not isinstance(data, LineDict):
         raise _err(file, 1, "(top level)", f"the top level is {_describe(data)}, not a mapping",
                    "write the sections apiVersion, kind, repository, clusters, defaults, axes, include, exclude")
     _check_keys(file, data, TOP_LEVEL_KEYS, "")
@@ -559,13 +353,13 @@ def parse(data: Any, file: str) -> Matrix:
             aline = raw_axes.key_lines[path]
             akey = f"axes.{path}"
             try:
-                _schema_at(path)
+                schema_at(path)
             except KeyError as missing:
                 parent = path.rpartition(".")[0]
-                known = _known_at(parent) if _schema_ok(parent) else _known_at("")
+                known = known_at(parent) if _schema_ok(parent) else known_at("")
                 raise _err(file, aline, akey, f"unknown key {str(missing)}",
                            f"use a run field or dotted trainer key ({_suggest(path.rpartition('.')[2], known)})") from None
-            if not isinstance(values, _LineList) or not values:
+            if not isinstance(values, LineList) or not values:
                 raise _err(file, aline, akey, f"got {_describe(values)}; an axis is a non-empty list of values",
                            f"write {path}: [value1, value2, ...]")
             entries = tuple(flat.entry(v, values.item_lines[i], f"{akey}[{i}]", path) for i, v in enumerate(values))
@@ -590,25 +384,25 @@ def parse(data: Any, file: str) -> Matrix:
 
 def _schema_ok(path: str) -> bool:
     try:
-        _schema_at(path)
+        schema_at(path)
         return True
     except KeyError:
         return False
 
 
-def _empty(line: int) -> _LineDict:
-    out = _LineDict()
+def _empty(line: int) -> LineDict:
+    out = LineDict()
     out.line = line
     out.key_lines = {}
     return out
 
 
-def _entries(file: str, data: _LineDict, section: str, flat: _Flattener) -> tuple[Entry, ...]:
+def _entries(file: str, data: LineDict, section: str, flat: _Flattener) -> tuple[Entry, ...]:
     if section not in data:
         return ()
     items = data[section]
     line = data.key_lines[section]
-    if not isinstance(items, _LineList):
+    if not isinstance(items, LineList):
         raise _err(file, line, section, f"got {_describe(items)}; must be a list of run mappings",
                    f"write each {section} entry as '- key: value'")
     return tuple(flat.entry(item, items.item_lines[i], f"{section}[{i}]") for i, item in enumerate(items))
@@ -619,10 +413,6 @@ def _signature(leaves: Mapping[str, Leaf]) -> tuple:
     return tuple(sorted((p, type(leaf.value).__name__, repr(leaf.value)) for p, leaf in leaves.items()))
 
 
-def _same(a: Any, b: Any) -> bool:
-    return type(a) is type(b) and a == b
-
-
 def load(path: str, text: str | None = None) -> Matrix:
     """Read, strictly parse and validate a matrix file. `path` is used as given in messages."""
     if text is None:
@@ -630,68 +420,13 @@ def load(path: str, text: str | None = None) -> Matrix:
             with open(path, encoding="utf-8") as fh:
                 text = fh.read()
         except FileNotFoundError:
-            raise MatrixError("file not found", file=path, key="MATRIX",
+            raise InputError("file not found", file=path, key="MATRIX",
                               fix="pass the path of an existing matrix file, e.g. matrix.yaml") from None
         except IsADirectoryError:
-            raise MatrixError("is a directory", file=path, key="MATRIX", fix="pass the matrix file itself") from None
+            raise InputError("is a directory", file=path, key="MATRIX", fix="pass the matrix file itself") from None
         except UnicodeDecodeError as err:
-            raise MatrixError(f"not UTF-8 text ({err.reason})", file=path, key="MATRIX",
+            raise InputError(f"not UTF-8 text ({err.reason})", file=path, key="MATRIX",
                               fix="save the file as UTF-8") from None
     return parse(load_yaml(text, path), path)
 
 
-# --------------------------------------------------------------------------------------------
-# Expansion
-
-
-def expand(matrix: Matrix) -> list[Run]:
-    """Axes product minus exclusions, then the include runs; in matrix order, deterministic."""
-    runs: list[Run] = []
-    matched = [0] * len(matrix.exclude)
-    base = matrix.defaults.leaves
-    if matrix.axes:
-        excludes = [tuple(e.leaves.items()) for e in matrix.exclude]
-        for combo in itertools.product(*(axis.values for axis in matrix.axes)):
-            leaves = dict(base)
-            for value in combo:
-                leaves.update(value.leaves)
-            dropped = False
-            for i, conditions in enumerate(excludes):
-                if all(p in leaves and _same(leaves[p].value, leaf.value) for p, leaf in conditions):
-                    matched[i] += 1
-                    dropped = True
-            if not dropped:
-                runs.append(_run(matrix, leaves, "axes", matrix.axes_line))
-    for i, count in enumerate(matched):
-        if count == 0:
-            e = matrix.exclude[i]
-            raise _err(matrix.file, e.line, e.key, "matches no run of the axes product",
-                       "correct the values (they must equal the axes values exactly) or remove the entry")
-    for entry in matrix.include:
-        leaves = dict(base)
-        leaves.update(entry.leaves)
-        runs.append(_run(matrix, leaves, entry.key, entry.line))
-    return runs
-
-
-def _run(matrix: Matrix, leaves: Mapping[str, Leaf], entry_key: str, entry_line: int) -> Run:
-    fields: dict[str, Any] = {}
-    for name, (_, default) in RUN_FIELDS.items():
-        leaf = leaves.get(name)
-        if leaf is not None:
-            fields[name] = leaf.value
-        elif default is None:
-            raise _err(matrix.file, entry_line, f"{entry_key}.{name}", "is required for every run",
-                       f"set {name} in defaults, in an axis or in this entry")
-        else:
-            fields[name] = default
-    trainer: dict[str, Any] = {}
-    for path, leaf in leaves.items():
-        if path.startswith("trainer."):
-            parts = path.split(".")
-            node = trainer
-            for part in parts[1:-1]:
-                node = node.setdefault(part, {})
-            node[parts[-1]] = leaf.value
-    sources = {path: (leaf.line, leaf.key) for path, leaf in leaves.items()}
-    return Run(**fields, trainer=trainer, entry_key=entry_key, entry_line=entry_line, sources=sources)

@@ -1,28 +1,131 @@
-"""The generator's domain objects: what a cluster offers, what a run asks for, what a run becomes.
+"""What an experiment matrix may say, written once: the run fields, the cluster and Git source fields.
 
-Data flows one way: matrix.yaml -> `Matrix` (generators/matrix.py) -> [`Run`] (expand) -> [`Plan`]
-(plan) -> {path: manifest} (render) -> files (writer). Every object here is a frozen, keyword-only
-dataclass without I/O, so renderers (generators/render.py for runs, generators/clusters.py for the
-per-cluster Flux entry and infrastructure) receive plain, immutable values.
+`Run` is the schema of a run: every field declared with `run_field` is a key the matrix accepts in
+`defaults`, an axis or an `include`/`exclude` entry, with the type of its annotation, the default the
+expansion uses when no entry sets it (none: every run must set it), the least value it accepts and,
+for a `Literal` annotation, the values it accepts. The loader (generators/matrix/load.py), the
+expansion and the planner's configuration hash read the fields from here, so a new run field is one
+declaration below plus the code that uses it. The trainer section's keys come from
+trainer.config.TrainConfig (`trainer_schema`).
+
+Every object is a frozen, keyword-only dataclass without I/O.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Literal, Mapping
 
 from trainer.config import TrainConfig
 
 RdzvBackend = Literal["c10d", "etcd"]
 
+API_VERSION = "fsdp-gitops/v1"
+KIND = "ExperimentMatrix"
+TOP_LEVEL_KEYS = ("apiVersion", "kind", "repository", "clusters", "defaults", "axes", "include", "exclude")
+# A run's `name` field is at most this long: the planner appends "-" and the configuration hash.
+NAME_PREFIX_MAX = 43
+
+REQUIRED: Any = dataclasses.MISSING
+
+
+def run_field(default: Any = REQUIRED, *, minimum: int | None = None) -> Any:
+    """Declare a run field of the matrix. `default`: its value when no entry sets it (REQUIRED: every
+    run must set it); `minimum`: the least value the matrix may give it (integers)."""
+    return field(default=default, metadata={"run_field": True, "minimum": minimum})
+
 
 @dataclass(frozen=True, kw_only=True)
-class Repository:
+class Run:
+    """One expanded matrix entry, before any catalog lookup (output of matrix.expand)."""
+
+    # Cluster name (a key of `clusters`).
+    cluster: str = run_field()
+    # Model name (a key of trainer.catalog.MODELS); also sets trainer.model.name.
+    model: str = run_field()
+    # EC2 instance type the run's pods are pinned to; "" means the cluster's only instance type (an
+    # error when it offers several).
+    instance_type: str = run_field("")
+    # Number of nodes, one worker pod per node.
+    nodes: int = run_field(minimum=1)
+    # GPUs (torchrun processes) per node; 0 (the default) means every GPU of the instance.
+    gpus_per_node: int = run_field(0, minimum=1)
+    # Rendezvous backend for torchrun: c10d (the first worker pod hosts the store) or etcd
+    # (the fsdp-system/etcd server).
+    rdzv_backend: RdzvBackend = run_field("c10d")
+    # Hard cap on the job's wall-clock time (PyTorchJob runPolicy.activeDeadlineSeconds), seconds.
+    active_deadline_s: int = run_field(86400, minimum=60)
+    # Size limit of the memory-backed /dev/shm volume per pod, GiB.
+    shm_size_gib: int = run_field(64, minimum=1)
+    # Run counter: bump it to launch an unchanged configuration again under a new name.
+    rev: int = run_field(0, minimum=0)
+    # Readable part of the run name instead of the generated one (DNS-1035, at most NAME_PREFIX_MAX
+    # characters); the planner always appends the configuration hash.
+    name: str = run_field("")
+
+    # Not run fields: what the expansion records about the run.
+    # The trainer config as nested plain data, still unvalidated (the planner validates it with
+    # trainer.config.from_dict).
+    trainer: Any
+    # Where the run came from, for error messages: "axes", "include[3]" ... and that entry's line.
+    entry_key: str
+    entry_line: int
+    # Run path ("nodes", "trainer.training.lr") -> (line, full matrix key) of the value that set it.
+    sources: Mapping[str, tuple[int, str]]
+
+
+@dataclass(frozen=True)
+class RunField:
+    """A run field as the loader checks it."""
+
+    name: str
+    type: type
+    default: Any  # REQUIRED when every run must set it
+    minimum: int | None
+    choices: tuple[Any, ...]  # the values a Literal field accepts; empty otherwise
+
+
+def _run_fields() -> dict[str, RunField]:
+    hints = typing.get_type_hints(Run)
+    out = {}
+    for f in dataclasses.fields(Run):
+        if not f.metadata.get("run_field"):
+            continue
+        hint = hints[f.name]
+        choices = typing.get_args(hint) if typing.get_origin(hint) is Literal else ()
+        tp = type(choices[0]) if choices else hint
+        out[f.name] = RunField(f.name, tp, f.default, f.metadata["minimum"], choices)
+    return out
+
+
+RUN_FIELDS: dict[str, RunField] = _run_fields()
+
+
+@dataclass(frozen=True, kw_only=True)
+class GitSource:
     """The Git repository Flux syncs from (the matrix's top-level `repository`)."""
 
     # Clone URL Flux's GitRepository uses, e.g. https://github.com/example/fsdp-gitops or ssh://git@...
     url: str
     # Branch Flux follows.
     branch: str
+
+
+# Fields of `repository` and of each cluster: name -> (type, default); None means required.
+REPOSITORY_FIELDS: dict[str, tuple[Any, Any]] = {"url": (str, None), "branch": (str, "main")}
+CLUSTER_FIELDS: dict[str, tuple[Any, Any]] = {
+    "namespace": (str, "fsdp"),
+    "instance_types": (list, None),
+    "region": (str, None),
+    "availability_zones": (list, None),
+    "capacity_reservation_ids": (list, []),
+    "volume_size_gib": (int, 500),
+    "kubernetes_version": (str, "1.33"),
+    "max_nodes": (int, 16),
+    "shared_storage_gib": (int, 1200),
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,7 +136,7 @@ class Cluster:
     name: str
     # Namespace the PyTorchJobs of this cluster run in (holds Secret hf-token and PVC fsdp-shared).
     namespace: str
-    # GPU instance types of the cluster's node groups (keys of generators.catalog.INSTANCE_TYPES),
+    # GPU instance types of the cluster's node groups (keys of trainer.catalog.INSTANCE_TYPES),
     # in matrix order. DaemonSets and the DCGM exporter are pinned to exactly these.
     instance_types: tuple[str, ...]
     # AWS region, e.g. us-west-2.
@@ -51,82 +154,45 @@ class Cluster:
     max_nodes: int
     # Size of the shared ReadWriteMany volume (PVC fsdp-shared, mounted at /shared), GiB.
     shared_storage_gib: int
+    # 1-based matrix line of each field that the matrix sets (and of the cluster's own key under
+    # "name"), for errors raised after loading.
+    lines: Mapping[str, int] = field(default_factory=dict, compare=False)
 
 
-@dataclass(frozen=True, kw_only=True)
-class Run:
-    """One expanded matrix entry, before any catalog lookup (output of matrix.expand)."""
+@lru_cache(maxsize=1)
+def trainer_schema() -> dict[str, Any]:
+    """The trainer config's key tree: section -> {key: None for a value, or a nested tree}."""
 
-    # Cluster name (key of `clusters`).
-    cluster: str
-    # Model name (key of trainer.catalog.MODELS).
-    model: str
-    # EC2 instance type the run's pods are pinned to; "" means the cluster's only instance type.
-    instance_type: str
-    # Number of nodes, one worker pod per node.
-    nodes: int
-    # GPUs (torchrun processes) per node; 0 in the matrix means every GPU of the instance.
-    gpus_per_node: int
-    # Rendezvous backend for torchrun: c10d (first worker pod hosts the store) or etcd.
-    rdzv_backend: RdzvBackend
-    # Hard cap on the job's wall-clock time (PyTorchJob runPolicy.activeDeadlineSeconds), seconds.
-    active_deadline_s: int
-    # Size limit of the memory-backed /dev/shm volume per pod, GiB.
-    shm_size_gib: int
-    # Run counter: bump it to launch the same configuration again under a new name.
-    rev: int
-    # Readable part of the name chosen by the user (DNS-1035); empty means the generated one.
-    name: str
-    # The trainer config as nested plain data, still unvalidated (plan validates it with
-    # trainer.config.from_dict).
-    trainer: Any
-    # Where the run came from, for error messages: "axes", "include[3]" ... and that entry's line.
-    entry_key: str
-    entry_line: int
-    # Run path ("nodes", "trainer.training.lr") -> (line, full matrix key) of the value that set it.
-    sources: Mapping[str, tuple[int, str]]
+    def tree(cls: type) -> dict[str, Any]:
+        hints = typing.get_type_hints(cls)
+        return {f.name: tree(hints[f.name]) if dataclasses.is_dataclass(hints[f.name]) else None
+                for f in dataclasses.fields(cls)}
+
+    return tree(TrainConfig)
 
 
-@dataclass(frozen=True, kw_only=True)
-class Plan:
-    """A run resolved against the catalogs: everything a renderer needs, nothing to look up."""
+@lru_cache(maxsize=1)
+def run_schema() -> dict[str, Any]:
+    """The key tree of one run: run fields (values) and the trainer section."""
+    return {**{name: None for name in RUN_FIELDS}, "trainer": trainer_schema()}
 
-    # Run name: DNS-1035 label, at most 50 characters; also the PyTorchJob name.
-    name: str
-    # Cluster name (key of `clusters`); the Cluster itself is passed to render_cluster.
-    cluster: str
-    # Namespace of the PyTorchJob (the cluster's namespace).
-    namespace: str
-    # Model name (key of trainer.catalog.MODELS) and its Hugging Face id ("" for test models).
-    model: str
-    hf_id: str
-    # EC2 instance type, its GPU model ("A100", "H100", "H200") and GPU memory per GPU, GiB.
-    instance_type: str
-    gpu_model: str
-    gpu_memory_gib: int
-    # Worker pods (one per node) and GPUs per pod; world_size = nodes * gpus_per_node.
-    nodes: int
-    gpus_per_node: int
-    world_size: int
-    # EFA interfaces requested per pod (vpc.amazonaws.com/efa).
-    efa_per_node: int
-    # Whether the instance supports EFA RDMA (FI_EFA_USE_DEVICE_RDMA=1).
-    efa_rdma: bool
-    # FSDP sharding strategy and the group size parameters are sharded over (world size for
-    # FULL_SHARD / SHARD_GRAD_OP, the shard group for HYBRID_SHARD, 1 for NO_SHARD).
-    sharding: str
-    shard_group_size: int
-    # Relative to the output directory: runs/<cluster>/<name>.
-    overlay_dir: str
-    # torchrun rendezvous: backend, endpoint host:port, and an id unique to the run.
-    rdzv_backend: RdzvBackend
-    rdzv_endpoint: str
-    rdzv_id: str
-    # Hard cap on GPU time, seconds (runPolicy.activeDeadlineSeconds).
-    active_deadline_s: int
-    # /dev/shm size limit per pod, GiB.
-    shm_size_gib: int
-    # Estimated peak GPU memory per GPU, GiB (the estimate the fit check used).
-    est_gpu_memory_gib: float
-    # The resolved trainer config (to_dict of it goes into the run's ConfigMap as train.yaml).
-    trainer: TrainConfig
+
+def schema_at(path: str) -> Any:
+    """The schema node of a run path ("" = the run): None for a value, a dict for a section.
+
+    Raises KeyError naming the first unknown part.
+    """
+    node: Any = run_schema()
+    if not path:
+        return node
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise KeyError(part)
+        node = node[part]
+    return node
+
+
+def known_at(path: str) -> list[str]:
+    """Keys valid right below `path` ("" = the run itself), for error hints."""
+    node = schema_at(path)
+    return sorted(node) if isinstance(node, dict) else []

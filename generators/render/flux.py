@@ -1,4 +1,4 @@
-"""Per-cluster Flux entry point and infrastructure overlays (pure: Cluster + Plans -> manifests).
+"""Per-cluster Flux entry point and infrastructure overlays (pure: ClusterPlan -> manifests).
 
 For a cluster `<c>` of the matrix, paths relative to the output directory (overlays/):
 
@@ -34,8 +34,8 @@ Every Kustomization has prune: true, so removing a run from the matrix (and rege
 its Kustomization and, through it, its PyTorchJob and ConfigMap. The namespace and the PVC carry
 `kustomize.toolkit.fluxcd.io/prune: disabled`: checkpoints outlive any change to the tree.
 
-Paths assume the output directory is overlays/ at the repository root: Flux paths are
-./overlays/... from the repository root and the overlays reach base/ as ../../../../base.
+Paths follow the output directory's place in the repository (generators/render/layout.py): with
+overlays/ at the root, Flux paths are ./overlays/... and the overlays reach base/ as ../../../../base.
 
 GPU-node contract (base/node-tools, base/monitoring/controllers/dcgm-exporter.yaml): each GPU
 workload has one nodeSelectorTerm whose first matchExpression is the instance-type list; the
@@ -45,9 +45,11 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from generators.catalog import INSTANCE_TYPES
-from generators.model import Cluster, Plan, Repository
-from generators.writer import JsonPatch
+from generators.core.writer import JsonPatch
+from generators.matrix.schema import Cluster, GitSource
+from generators.plan import ClusterPlan, Plan
+from generators.render.layout import Layout
+from trainer.catalog import INSTANCE_TYPES
 
 FLUX_NAMESPACE = "flux-system"
 # The GitRepository every Kustomization of a cluster reads from.
@@ -83,15 +85,16 @@ GPU_WORKLOADS: tuple[tuple[dict[str, str], str, str], ...] = (
 )
 
 
-def render_cluster(cluster: Cluster, plans: Sequence[Plan], repository: Repository) -> dict[str, Any]:
+def render_cluster(plan: ClusterPlan, layout: Layout) -> dict[str, Any]:
     """{path relative to the output directory: manifest dict or list of manifest dicts}; no I/O."""
+    cluster = plan.cluster
     c = cluster.name
-    runs = sorted((p for p in plans if p.cluster == c), key=lambda p: p.name)
+    runs = sorted(plan.runs, key=lambda p: p.name)
     out: dict[str, Any] = {
-        f"clusters/{c}/sources.yaml": git_repository(repository),
-        f"clusters/{c}/infrastructure.yaml": infrastructure_kustomizations(c),
-        f"infrastructure/{c}/controllers/kustomization.yaml": controllers_kustomization(),
-        f"infrastructure/{c}/configs/kustomization.yaml": configs_kustomization(),
+        f"clusters/{c}/sources.yaml": git_repository(plan.source, layout),
+        f"clusters/{c}/infrastructure.yaml": infrastructure_kustomizations(c, layout),
+        f"infrastructure/{c}/controllers/kustomization.yaml": controllers_kustomization(c, layout),
+        f"infrastructure/{c}/configs/kustomization.yaml": configs_kustomization(c, layout),
         f"infrastructure/{c}/configs/namespace.yaml": run_namespace(cluster),
         f"infrastructure/{c}/configs/pvc.yaml": shared_pvc(cluster),
         f"infrastructure/{c}/configs/clusterqueue.quota.yaml": kueue_quota_patch(cluster),
@@ -101,19 +104,22 @@ def render_cluster(cluster: Cluster, plans: Sequence[Plan], repository: Reposito
         # The two DaemonSets share one pointer, hence one file.
         out[f"infrastructure/{c}/controllers/{patch_file}"] = instance_type_patch(cluster, pointer)
     if runs:
-        out[f"clusters/{c}/experiments.yaml"] = [run_kustomization(p) for p in runs]
+        out[f"clusters/{c}/experiments.yaml"] = [run_kustomization(p, layout) for p in runs]
     return out
 
 
-def git_repository(repository: Repository) -> dict[str, Any]:
-    """This repository as a Flux source; only base/ and overlays/ reach the cluster."""
+def git_repository(repository: GitSource, layout: Layout) -> dict[str, Any]:
+    """This repository as a Flux source; only base/ and the output's top folder (overlays/) reach the
+    cluster."""
+    top = layout.out_from_root.split("/", 1)[0]
+    top = top if top not in ("", ".", "..") else "overlays"  # an output outside the repository is never synced
     spec: dict[str, Any] = {
         "interval": "1m",
         "url": repository.url,
         "ref": {"branch": repository.branch},
         # Everything Flux builds lives in base/ and overlays/; the trainer, docker/ and tests stay out
         # of the artifact kustomize-controller downloads on every change.
-        "ignore": "/*\n!/base/\n!/overlays/\n",
+        "ignore": f"/*\n!/base/\n!/{top}/\n",
     }
     if repository.url.startswith("ssh://"):
         # A private repository over SSH: reuse the deploy key `flux bootstrap` installed.
@@ -150,13 +156,13 @@ def flux_kustomization(name: str, path: str, *, depends_on: Sequence[str], wait:
     }
 
 
-def infrastructure_kustomizations(c: str) -> list[dict[str, Any]]:
+def infrastructure_kustomizations(c: str, layout: Layout) -> list[dict[str, Any]]:
     """infra-controllers -> infra-configs -> secrets, and image-automation (see the module docstring)."""
     return [
         # kube-prometheus-stack's first install takes several minutes; the timeout covers it.
-        flux_kustomization("infra-controllers", f"./overlays/infrastructure/{c}/controllers", depends_on=(),
+        flux_kustomization("infra-controllers", layout.flux_path(f"infrastructure/{c}/controllers"), depends_on=(),
                            wait=True, interval="1h", timeout="20m"),
-        flux_kustomization("infra-configs", f"./overlays/infrastructure/{c}/configs",
+        flux_kustomization("infra-configs", layout.flux_path(f"infrastructure/{c}/configs"),
                            depends_on=("infra-controllers",), wait=False, interval="1h", timeout="5m"),
         # After infra-configs: the Secret goes into the run namespace that infra-configs creates.
         flux_kustomization("secrets", f"./base/secrets/{c}", depends_on=("infra-configs",), wait=False,
@@ -167,18 +173,18 @@ def infrastructure_kustomizations(c: str) -> list[dict[str, Any]]:
     ]
 
 
-def run_kustomization(plan: Plan) -> dict[str, Any]:
+def run_kustomization(plan: Plan, layout: Layout) -> dict[str, Any]:
     """Kustomization run-<run> over the run's overlay (the overlay sets its own namespace)."""
-    return flux_kustomization(f"run-{plan.name}", f"./overlays/{plan.overlay_dir}", depends_on=("infra-configs",),
+    return flux_kustomization(f"run-{plan.name}", layout.flux_path(plan.overlay_dir), depends_on=("infra-configs",),
                               wait=False, interval="10m", timeout="5m")
 
 
-def controllers_kustomization() -> dict[str, Any]:
+def controllers_kustomization(c: str, layout: Layout) -> dict[str, Any]:
     """base/infrastructure/controllers with every GPU workload pinned by the patch files beside it."""
     return {
         "apiVersion": KUSTOMIZE_API,
         "kind": "Kustomization",
-        "resources": ["../../../../base/infrastructure/controllers"],
+        "resources": [layout.to_repo(f"infrastructure/{c}/controllers", "base/infrastructure/controllers")],
         "patches": [{"path": patch_file, "target": dict(target)} for target, _, patch_file in GPU_WORKLOADS],
     }
 
@@ -199,7 +205,7 @@ def kueue_quota(cluster: Cluster) -> tuple[int, int]:
     return gpus, efa
 
 
-def configs_kustomization() -> dict[str, Any]:
+def configs_kustomization(c: str, layout: Layout) -> dict[str, Any]:
     """base/infrastructure/configs + the run namespace and the shared volume.
 
     The two patches size the optional Kueue queues (base/components/kueue/queues) to this cluster;
@@ -208,7 +214,8 @@ def configs_kustomization() -> dict[str, Any]:
     return {
         "apiVersion": KUSTOMIZE_API,
         "kind": "Kustomization",
-        "resources": ["../../../../base/infrastructure/configs", "namespace.yaml", "pvc.yaml"],
+        "resources": [layout.to_repo(f"infrastructure/{c}/configs", "base/infrastructure/configs"), "namespace.yaml",
+                      "pvc.yaml"],
         "patches": [
             {"path": "clusterqueue.quota.yaml",
              "target": {"group": "kueue.x-k8s.io", "kind": "ClusterQueue", "name": KUEUE_QUEUE}},

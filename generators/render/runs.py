@@ -1,4 +1,4 @@
-"""Plans -> {path relative to the output directory: manifest}. Pure functions, no I/O.
+"""A run's overlay: Plan -> {path relative to the output directory: manifest}. Pure, no I/O.
 
 One kustomize overlay per run, in runs/<cluster>/<run>/:
 - kustomization.yaml: base/pytorchjob, the run namespace, run labels, the trainer config as a
@@ -10,17 +10,15 @@ One kustomize overlay per run, in runs/<cluster>/<run>/:
   the build instead of patching the wrong entry;
 - train.yaml: the fully resolved trainer config (trainer.config.to_dict), which the pods read from
   /etc/fsdp/train.yaml.
-The per-cluster Flux entry and infrastructure overlays come from generators/clusters.py.
+The per-cluster Flux entry and infrastructure overlays come from generators/render/flux.py.
 """
 from __future__ import annotations
 
-import posixpath
-from typing import Any, Sequence
+from typing import Any
 
-from generators.clusters import render_cluster
-from generators.matrix import Matrix
-from generators.model import Plan
-from generators.writer import JsonPatch
+from generators.core.writer import JsonPatch
+from generators.plan import Plan
+from generators.render.layout import Layout
 from trainer.config import to_dict
 
 BASE_PYTORCHJOB = "base/pytorchjob"
@@ -136,26 +134,10 @@ def kustomization(p: Plan, base_ref: str) -> dict[str, Any]:
     }
 
 
-def render_run(p: Plan, root_from_out: str) -> dict[str, Any]:
-    """The overlay of one run. `root_from_out`: the repository root relative to the output directory."""
-    depth = len(p.overlay_dir.split("/"))
-    base_ref = posixpath.normpath(posixpath.join(*([".."] * depth), root_from_out, BASE_PYTORCHJOB))
+def render_run(p: Plan, layout: Layout) -> dict[str, Any]:
+    """The overlay of one run."""
     return {
-        f"{p.overlay_dir}/kustomization.yaml": kustomization(p, base_ref),
+        f"{p.overlay_dir}/kustomization.yaml": kustomization(p, layout.to_repo(p.overlay_dir, BASE_PYTORCHJOB)),
         f"{p.overlay_dir}/pytorchjob.run.yaml": pytorchjob_patch(p),
         f"{p.overlay_dir}/train.yaml": to_dict(p.trainer),
     }
-
-
-def render(matrix: Matrix, plans: Sequence[Plan], root_from_out: str = "..") -> dict[str, Any]:
-    """Every generated file: run overlays, then each cluster's Flux entry and infrastructure."""
-    files: dict[str, Any] = {}
-    for p in plans:
-        files.update(render_run(p, root_from_out))
-    for name, cluster in matrix.clusters.items():
-        # render_cluster keeps the plans of its own cluster.
-        for path, manifest in render_cluster(cluster, plans, matrix.repository).items():
-            if path in files:
-                raise ValueError(f"two renderers produce {path}")
-            files[path] = manifest
-    return files

@@ -17,13 +17,11 @@ repository's GitRepository there); sources that synced overlays declare point at
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from generators.manifests import (FLUX_KUSTOMIZATION, FLUX_SOURCE_GROUP, HELM_RELEASE, Doc, Problem, gvk, meta,
-                                  norm, obj_name)
-
-if TYPE_CHECKING:
-    from generators.validate import Repo
+from generators.validation.index import RepoIndex
+from generators.validation.manifests import (FLUX_KUSTOMIZATION, FLUX_SOURCE_GROUP, HELM_RELEASE, Doc, Problem, gvk,
+                                             meta, norm, obj_name)
 
 # Kinds without a namespace: a Kustomization's targetNamespace leaves them alone.
 CLUSTER_SCOPED_KINDS = frozenset({
@@ -72,7 +70,7 @@ def source_id(ref: Any, default_ns: str) -> ObjectId:
             str(ref.get("name") or ""))
 
 
-def check_flux(repo: Repo, roots: Sequence[str], kustomize: str) -> tuple[list[Problem], int]:
+def check_flux(repo: RepoIndex, roots: Sequence[str], kustomize: str) -> tuple[list[Problem], int]:
     """The Flux graph of each bootstrap directory; (problems, number of Flux Kustomizations)."""
     problems: list[Problem] = []
     total = 0
@@ -86,7 +84,7 @@ def check_flux(repo: Repo, roots: Sequence[str], kustomize: str) -> tuple[list[P
 class FluxGraph:
     """The Flux objects reachable from one bootstrap directory, and what each Kustomization applies."""
 
-    def __init__(self, repo: Repo, root_dir: str, kustomize: str):
+    def __init__(self, repo: RepoIndex, root_dir: str, kustomize: str):
         self.repo, self.root_dir, self.kustomize = repo, root_dir, kustomize
         self.problems: list[Problem] = []
         bootstrap = repo.plain_dir_docs(root_dir, kustomize)

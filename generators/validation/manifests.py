@@ -1,8 +1,8 @@
 """Manifests as validation sees them: YAML documents with their origin, and problems found in them.
 
-Shared by the validation pipeline (generators/validate.py) and its semantic checks
-(generators/semantics.py). YAML is loaded strictly: a duplicate key is an error, as it is for kustomize
-and the API server.
+Shared by every step of the validation (generators/validation/). The documents come from the one
+strict YAML reader, generators/core/yamlio.py (a duplicate key is an error, as it is for kustomize and
+the API server).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any, Iterator
 
 import yaml
 
-from trainer.config import NoDuplicateKeys
+from generators.core.yamlio import Doc, error_position
 
 # (group, kind) of the objects the checks look into.
 FLUX_KUSTOMIZATION = ("kustomize.toolkit.fluxcd.io", "Kustomization")
@@ -34,15 +34,6 @@ class Problem:
         where = f"{self.file}:{self.line}" if self.line else self.file
         parts = [where, self.obj, self.message] if self.obj else [where, self.message]
         return " ".join(": ".join(parts).split())
-
-
-@dataclass(frozen=True)
-class Doc:
-    """A YAML document and where it comes from (a file, or the kustomization that built it)."""
-
-    data: Any
-    file: str
-    line: int = 0
 
 
 def gvk(data: Any) -> tuple[str, str]:
@@ -91,31 +82,6 @@ def walk(value: Any, keys: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ..
             stack.extend((at + (str(i),), x) for i, x in reversed(list(enumerate(v))))
 
 
-# libyaml's loader when PyYAML has it (several times faster on build outputs), else the pure-Python one.
-SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-class StrictLoader(NoDuplicateKeys, SafeLoader):  # type: ignore[misc, valid-type]
-    """Safe loader that rejects duplicate keys (kustomize and the API server reject them too)."""
-
-
-def load_documents(text: str, file: str, loader: type = StrictLoader) -> list[Doc]:
-    """The non-empty documents of a YAML text, each with its first line. Raises yaml.YAMLError."""
-    ld = loader(text)
-    try:
-        docs = []
-        while ld.check_node():
-            node = ld.get_node()
-            data = ld.construct_document(node)
-            if data is not None:
-                docs.append(Doc(data, file, node.start_mark.line + 1))
-        return docs
-    finally:
-        ld.dispose()
-
-
 def yaml_error(file: str, err: yaml.YAMLError) -> Problem:
-    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
-    line = mark.line + 1 if mark is not None else 0
-    what = " ".join(str(x) for x in (getattr(err, "context", None), getattr(err, "problem", None)) if x) or str(err)
+    line, what = error_position(err)
     return Problem(file, line, "", f"YAML: {what}")

@@ -2,7 +2,7 @@
 
 On every object: images pinned by tag or digest (never `latest`), no secret written inline in a
 container's command, arguments or env values, no unencrypted Secret. On every PyTorchJob that gets
-applied: its GPUs and EFA interfaces fit the instance type it is pinned to (generators/catalog.py),
+applied: its GPUs and EFA interfaces fit the instance type it is pinned to (trainer/catalog.py),
 torchrun's processes per node equal its GPUs, its pods are not privileged, the ConfigMaps it mounts come
 with it; across runs: rendezvous ids and output directories on the shared volume are unique.
 """
@@ -15,8 +15,9 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import yaml
 
-from generators.catalog import INSTANCE_TYPES, InstanceType, efa_for
-from generators.manifests import HELM_RELEASE, PYTORCHJOB, Doc, Problem, SafeLoader, gvk, meta, obj_name, walk
+from generators.core.yamlio import SafeLoader
+from generators.validation.manifests import HELM_RELEASE, PYTORCHJOB, Doc, Problem, gvk, meta, obj_name, walk
+from trainer.catalog import INSTANCE_TYPES, InstanceType, efa_for
 
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -205,7 +206,7 @@ def check_pytorchjob(doc: Doc, configmaps: Mapping[str, dict], instance_types: M
             bad(at, f"{role}: no nodeSelector {INSTANCE_TYPE_LABEL}; pin the pods to a GPU instance type")
         elif instance not in instance_types:
             bad(at + ("nodeSelector",),
-                f"{role}: instance type {instance} is not in the catalog (generators/catalog.py)")
+                f"{role}: instance type {instance} is not in the catalog (trainer/catalog.py)")
         elif not 1 <= gpus <= instance_types[instance].num_gpus:
             have = instance_types[instance].num_gpus
             bad(gpu_at, f"{role}: requests {gpus} GPUs ({GPU_RESOURCE}) but {instance} has {have}; "

@@ -1,0 +1,30 @@
+"""Plans -> {path relative to the output directory: manifest}: pure functions, no I/O.
+
+Each renderer takes one cluster's plan (generators/plan.py ClusterPlan) and a Layout (where the output
+sits in the repository), never the matrix: runs.py writes a run's overlay, flux.py a cluster's Flux
+entry and infrastructure overlays, provisioning.py a cluster's eksctl (and Karpenter) definitions.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from generators.plan import ClusterPlan
+from generators.render.flux import render_cluster
+from generators.render.layout import OVERLAYS, Layout, layout_for
+from generators.render.runs import render_run
+
+__all__ = ["Layout", "OVERLAYS", "layout_for", "render"]
+
+
+def render(plans: Sequence[ClusterPlan], layout: Layout = OVERLAYS) -> dict[str, Any]:
+    """Every file generators/expand.py writes: per cluster, its run overlays, Flux entry and
+    infrastructure."""
+    files: dict[str, Any] = {}
+    for plan in plans:
+        for p in plan.runs:
+            files.update(render_run(p, layout))
+        for path, manifest in render_cluster(plan, layout).items():
+            if path in files:
+                raise ValueError(f"two renderers produce {path}")
+            files[path] = manifest
+    return files

@@ -1,0 +1,232 @@
+"""The EKS cluster definitions (eksctl, optionally Karpenter) of each cluster plan: pure, no I/O.
+
+generators/cluster.py writes them. Then, per cluster:
+`eksctl create cluster -f overlays/provisioning/<cluster>/eksctl.yaml` (and with --karpenter,
+`kubectl apply -f overlays/provisioning/<cluster>/karpenter/` once Karpenter runs).
+These files create the cluster Flux is bootstrapped into, so they sit outside the Flux path.
+
+What each cluster of the matrix gets (overlays/provisioning/<cluster>/eksctl.yaml, eksctl.io/v1alpha5):
+- the cluster in the matrix's region and Kubernetes version; its VPC spans the matrix's zones, plus
+  the region's next zone letter when the matrix names only one (EKS needs subnets in two zones);
+- add-ons: the EKS defaults, the Pod Identity agent, and the FSx for Lustre CSI driver that the shared
+  volume (StorageClass fsx-sc, generators/render/flux.py) needs; a Pod Identity for Flux's
+  image-reflector-controller to read ECR (base/image-automation/imagerepository.yaml, provider aws);
+- a `system` managed node group (SYSTEM_NODES) for Flux, the Training Operator, etcd and monitoring;
+- one GPU managed node group per instance type of the cluster, in the first zone of the matrix (the
+  zone of the capacity reservation; EFA traffic stays in one zone): EFA enabled, private subnets only,
+  the matrix's root volume size, tainted nvidia.com/gpu=true:NoSchedule (the PyTorchJobs and GPU
+  DaemonSets tolerate it), minSize 0 and desiredCapacity 0 (GPU nodes cost money while idle: scale
+  up with `eksctl scale nodegroup` or a cluster autoscaler, whose scale-from-zero tags are set), and
+  maxSize = the most nodes any run of that instance type on that cluster asks for (1 when no run uses
+  it yet). A capacity reservation id of the matrix targets the node group; eksctl takes one
+  reservation per node group and the matrix does not say which type an id reserves, so this needs a
+  cluster with one instance type and one id (Karpenter has neither limit).
+With --karpenter the GPU node groups are left out; eksctl installs Karpenter (KARPENTER_VERSION) and
+overlays/provisioning/<cluster>/karpenter/ holds one EC2NodeClass (AL2023 NVIDIA AMI, private subnets
+and security groups found by the karpenter.sh/discovery tag, the root volume, every capacity
+reservation of the cluster) and one NodePool per instance type (zone, taint, a GPU limit of
+max_nodes nodes, consolidation only when empty so no running job is disrupted). Pods that request
+vpc.amazonaws.com/efa make Karpenter attach EFA interfaces.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from generators.core.errors import InputError
+from generators.matrix.schema import Cluster
+from generators.plan import ClusterPlan
+from trainer.catalog import INSTANCE_TYPES
+
+EKSCTL_API = "eksctl.io/v1alpha5"
+KARPENTER_API = "karpenter.sh/v1"
+KARPENTER_AWS_API = "karpenter.k8s.aws/v1"
+# Karpenter release eksctl installs with --karpenter; the same release as the NodePool/EC2NodeClass
+# schemas CI validates against (datreeio/CRDs-catalog "karpenter CRDs v1.14.0").
+KARPENTER_VERSION = "1.14.0"
+# EKS-optimized Amazon Linux 2023; eksctl and Karpenter pick its NVIDIA variant for GPU instances.
+# The Karpenter alias pins the AMI release (an awslabs/amazon-eks-ami release tag) its nodes boot.
+AMI_FAMILY = "AmazonLinux2023"
+KARPENTER_AMI_ALIAS = "al2023@v20260818"
+# Controllers (Flux, Training Operator, etcd, kube-prometheus-stack with Grafana, Karpenter) fit on two
+# 8 vCPU / 32 GiB nodes with room for one to drain; they never run on GPU nodes.
+SYSTEM_NODES = {"name": "system", "instanceType": "m6i.2xlarge", "minSize": 2, "desiredCapacity": 2,
+                "maxSize": 4, "volumeSize": 100}
+NODE_ROLE_LABEL = "fsdp-gitops/node-role"
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
+CLUSTER_TAG = "fsdp-gitops/cluster"
+DISCOVERY_TAG = "karpenter.sh/discovery"
+# Flux's image-reflector-controller reads tags from ECR with this identity (provider: aws).
+ECR_READ_POLICY = "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryReadOnly"
+# Cluster-autoscaler reads these ASG tags to scale a node group up from zero.
+AUTOSCALER_RESOURCE_TAG = "k8s.io/cluster-autoscaler/node-template/resources/"
+
+
+def nodegroup_name(instance_type: str) -> str:
+    """'p5.48xlarge' -> 'gpu-p5-48xlarge' (node group and NodePool name)."""
+    return "gpu-" + instance_type.replace(".", "-")
+
+
+def cluster_zones(cluster: Cluster) -> list[str]:
+    """The VPC's zones: the matrix's, plus the next zone letter of the region when it names one."""
+    zones = list(cluster.availability_zones)
+    if len(zones) == 1:
+        letter = zones[0][-1]
+        zones.append(zones[0][:-1] + chr(ord(letter) + 1 if letter != "z" else ord("a")))
+    return zones
+
+
+def max_nodes_by_type(plan: ClusterPlan) -> dict[str, int]:
+    """Instance type -> the most nodes one run of this cluster asks for (1 when no run uses it)."""
+    most = {itype: 1 for itype in plan.cluster.instance_types}
+    for p in plan.runs:
+        most[p.instance_type] = max(most.get(p.instance_type, 1), p.nodes)
+    return most
+
+
+def gpu_nodegroup(cluster: Cluster, instance_type: str, max_size: int) -> dict[str, Any]:
+    itype = INSTANCE_TYPES[instance_type]
+    group: dict[str, Any] = {
+        "name": nodegroup_name(instance_type),
+        "instanceType": instance_type,
+        "amiFamily": AMI_FAMILY,
+        "availabilityZones": [cluster.availability_zones[0]],
+        "minSize": 0,
+        "desiredCapacity": 0,
+        "maxSize": max_size,
+        "volumeSize": cluster.volume_size_gib,
+        "volumeType": "gp3",
+        "privateNetworking": True,
+        "efaEnabled": True,
+        "labels": {NODE_ROLE_LABEL: "gpu"},
+        "taints": [dict(GPU_TAINT)],
+        "propagateASGTags": True,
+        "tags": {
+            AUTOSCALER_RESOURCE_TAG + "nvidia.com/gpu": str(itype.num_gpus),
+            AUTOSCALER_RESOURCE_TAG + "vpc.amazonaws.com/efa": str(itype.num_efa),
+        },
+    }
+    if cluster.capacity_reservation_ids:
+        group["capacityReservation"] = {
+            "capacityReservationTarget": {"capacityReservationID": cluster.capacity_reservation_ids[0]},
+        }
+    return group
+
+
+def render_eksctl(plan: ClusterPlan, karpenter: bool) -> dict[str, Any]:
+    """The eksctl ClusterConfig of one cluster."""
+    cluster = plan.cluster
+    tags = {CLUSTER_TAG: cluster.name}
+    if karpenter:
+        # eksctl tags the VPC's subnets and security groups with the cluster's tags; the
+        # EC2NodeClass selects them by this one.
+        tags[DISCOVERY_TAG] = cluster.name
+    system = {**SYSTEM_NODES, "amiFamily": AMI_FAMILY, "privateNetworking": True,
+              "labels": {NODE_ROLE_LABEL: "system"}}
+    config: dict[str, Any] = {
+        "apiVersion": EKSCTL_API,
+        "kind": "ClusterConfig",
+        "metadata": {"name": cluster.name, "region": cluster.region, "version": cluster.kubernetes_version,
+                     "tags": tags},
+        "availabilityZones": cluster_zones(cluster),
+        "vpc": {"nat": {"gateway": "Single"}},
+        "iam": {
+            "withOIDC": True,
+            "podIdentityAssociations": [{
+                "namespace": "flux-system",
+                "serviceAccountName": "image-reflector-controller",
+                "permissionPolicyARNs": [ECR_READ_POLICY],
+            }],
+        },
+        "addonsConfig": {"autoApplyPodIdentityAssociations": True},
+        "addons": [{"name": name} for name in
+                   ("vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent", "aws-fsx-csi-driver")],
+        "managedNodeGroups": [system],
+    }
+    if karpenter:
+        config["karpenter"] = {"version": KARPENTER_VERSION, "createServiceAccount": True}
+    else:
+        most = max_nodes_by_type(plan)
+        config["managedNodeGroups"] += [gpu_nodegroup(cluster, t, most[t]) for t in cluster.instance_types]
+    return config
+
+
+def render_karpenter(cluster: Cluster) -> dict[str, Any]:
+    """{file name: manifest} of the Karpenter objects of one cluster."""
+    discovery = {DISCOVERY_TAG: cluster.name}
+    spec: dict[str, Any] = {
+        "amiSelectorTerms": [{"alias": KARPENTER_AMI_ALIAS}],
+        # The node role eksctl creates when it installs Karpenter.
+        "role": f"eksctl-KarpenterNodeRole-{cluster.name}",
+        # Private subnets only (eksctl marks them with the internal-elb role tag).
+        "subnetSelectorTerms": [{"tags": {**discovery, "kubernetes.io/role/internal-elb": "1"}}],
+        "securityGroupSelectorTerms": [{"tags": discovery}],
+        "blockDeviceMappings": [{
+            "deviceName": "/dev/xvda",
+            "ebs": {"volumeSize": f"{cluster.volume_size_gib}Gi", "volumeType": "gp3", "encrypted": True,
+                    "deleteOnTermination": True},
+        }],
+        "tags": {CLUSTER_TAG: cluster.name},
+    }
+    if cluster.capacity_reservation_ids:
+        spec["capacityReservationSelectorTerms"] = [{"id": cr} for cr in cluster.capacity_reservation_ids]
+    files: dict[str, Any] = {
+        "ec2nodeclass.yaml": {"apiVersion": KARPENTER_AWS_API, "kind": "EC2NodeClass",
+                              "metadata": {"name": "gpu"}, "spec": spec},
+    }
+    capacity_types = ["on-demand"] + (["reserved"] if cluster.capacity_reservation_ids else [])
+    for instance_type in cluster.instance_types:
+        itype = INSTANCE_TYPES[instance_type]
+        files[f"nodepool-{nodegroup_name(instance_type)}.yaml"] = {
+            "apiVersion": KARPENTER_API,
+            "kind": "NodePool",
+            "metadata": {"name": nodegroup_name(instance_type)},
+            "spec": {
+                "template": {
+                    "metadata": {"labels": {NODE_ROLE_LABEL: "gpu"}},
+                    "spec": {
+                        "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "gpu"},
+                        "requirements": [
+                            {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": [instance_type]},
+                            {"key": "topology.kubernetes.io/zone", "operator": "In",
+                             "values": [cluster.availability_zones[0]]},
+                            {"key": "karpenter.sh/capacity-type", "operator": "In", "values": capacity_types},
+                        ],
+                        "taints": [dict(GPU_TAINT)],
+                    },
+                },
+                # At most max_nodes nodes of this type at once.
+                "limits": {"nvidia.com/gpu": str(itype.num_gpus * cluster.max_nodes)},
+                # Never move a running job: a node goes only once it is empty.
+                "disruption": {"consolidationPolicy": "WhenEmpty", "consolidateAfter": "10m"},
+            },
+        }
+    return files
+
+
+def check_reservations(plan: ClusterPlan, karpenter: bool) -> None:
+    """eksctl targets one reservation per node group: refuse what it cannot express."""
+    cluster = plan.cluster
+    if not karpenter:
+        ids = cluster.capacity_reservation_ids
+        if ids and (len(ids) > 1 or len(cluster.instance_types) > 1):
+            raise InputError(
+                f"{len(ids)} capacity reservation(s) for {len(cluster.instance_types)} instance type(s): an eksctl "
+                "node group targets exactly one reservation and the matrix does not say which type an id reserves",
+                file=plan.matrix_file, line=cluster.lines.get("capacity_reservation_ids", 0),
+                key=f"clusters.{cluster.name}.capacity_reservation_ids",
+                fix="keep one id on a cluster with one instance type, or generate with --karpenter")
+
+
+def render(plans: Sequence[ClusterPlan], karpenter: bool) -> dict[str, Any]:
+    """{path relative to the output directory: manifest} for every cluster; raises InputError for what
+    eksctl cannot express (check_reservations)."""
+    files: dict[str, Any] = {}
+    for plan in plans:
+        check_reservations(plan, karpenter)
+        name = plan.cluster.name
+        files[f"{name}/eksctl.yaml"] = render_eksctl(plan, karpenter)
+        if karpenter:
+            for file_name, manifest in render_karpenter(plan.cluster).items():
+                files[f"{name}/karpenter/{file_name}"] = manifest
+    return files
