@@ -85,12 +85,12 @@ def host_memory_probe() -> Callable[[], int]:
     return lambda: max(0, _proc_status_kib("VmHWM") - before) * 1024
 
 
-class PrometheusExporter:
-    """The trainer's Prometheus endpoint: one collector over the latest logged record.
+class TrainerCollector:
+    """The trainer's Prometheus series, built from the latest logged record.
 
     `job_wide` is true on global rank 0 only: job-wide figures are served once, so sums over pods
-    are right. The collector builds every sample from one immutable snapshot (replaced whole at
-    each logged step), and the counter family is emitted without a `_created` sample.
+    are right. Every sample of a scrape comes from one immutable snapshot (replaced whole at each
+    logged step), and the counter family is emitted without a `_created` sample.
     """
 
     # Record key -> (metric name, help). Served by global rank 0 only.
@@ -109,15 +109,10 @@ class PrometheusExporter:
         "world_size": ("fsdp_world_size", "Number of ranks of the job"),
     }
 
-    def __init__(self, port: int, info: dict[str, str], *, job_wide: bool, node_ranks: int):
-        from prometheus_client import CollectorRegistry, start_http_server
-
+    def __init__(self, info: dict[str, str], *, job_wide: bool, node_ranks: int):
         self.info, self.job_wide, self.node_ranks = dict(info), job_wide, node_ranks
         self._snapshot: tuple[dict[str, Any], int] | None = None  # (record, tokens since launch)
         self._tokens = 0
-        self.registry = CollectorRegistry()
-        self.registry.register(self)
-        self.server, self.thread = start_http_server(port, registry=self.registry)
 
     def update(self, record: dict[str, Any], new_tokens: int) -> None:
         self._tokens += new_tokens
@@ -143,6 +138,21 @@ class PrometheusExporter:
         yield CounterMetricFamily("fsdp_tokens", "Non-padding tokens processed by all ranks of the job since "
                                   "this launch (served by one pod per job)", value=tokens)
         yield InfoMetricFamily("fsdp_run", "Run description", value=self.info)
+
+
+class PrometheusExporter:
+    """Serves a TrainerCollector over HTTP (a private registry, nothing else in it)."""
+
+    def __init__(self, port: int, info: dict[str, str], *, job_wide: bool, node_ranks: int):
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        self.collector = TrainerCollector(info, job_wide=job_wide, node_ranks=node_ranks)
+        self.registry = CollectorRegistry()
+        self.registry.register(self.collector)
+        self.server, self.thread = start_http_server(port, registry=self.registry)
+
+    def update(self, record: dict[str, Any], new_tokens: int) -> None:
+        self.collector.update(record, new_tokens)
 
     def close(self) -> None:
         self.server.shutdown()

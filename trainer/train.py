@@ -100,6 +100,7 @@ def train(cfg: TrainConfig, env: DistEnv) -> None:
     from trainer.metrics import MetricsLogger, host_memory_probe
     from trainer.optim import build_optimizer, build_scheduler, total_steps, train_step
     from trainer.parallelize import build_mesh, init_distributed, parallelize, resolve_checkpointing
+    from trainer.progress import ProgressPublisher
 
     say = print if env.rank == 0 else (lambda *a, **k: None)
 
@@ -154,7 +155,8 @@ def train(cfg: TrainConfig, env: DistEnv) -> None:
     peak_flops = cfg.metrics.peak_flops or (peak_flops_for(torch.cuda.get_device_name(device))
                                             if device.type == "cuda" else 0.0)
     metrics = MetricsLogger(cfg.metrics, is_writer=env.rank == 0, serves=env.local_rank == 0,
-                            world_size=env.world_size, device=device,
+                            world_size=env.world_size, node_ranks=env.local_world_size, total_steps=steps,
+                            device=device,
                             seq_len=cfg.data.seq_len, flops_per_token=arch.flops_per_token(cfg.data.seq_len),
                             peak_flops=peak_flops,
                             info={"model": cfg.model.name, "strategy": cfg.parallelism.sharding_strategy,
@@ -183,6 +185,9 @@ def train(cfg: TrainConfig, env: DistEnv) -> None:
                      if device.type == "cuda" else None},
     })
 
+    # Progress annotations on rank 0's pod (in a cluster only; failures never stop training).
+    progress = ProgressPublisher.from_environment(steps) if env.rank == 0 else None
+
     # 5. The loop: one optimizer step per iteration, over grad_accum_steps micro-batches.
     accum = cfg.training.grad_accum_steps
     global_rows = cfg.training.batch_size_per_gpu * env.world_size * accum
@@ -194,7 +199,9 @@ def train(cfg: TrainConfig, env: DistEnv) -> None:
         result = train_step(model, optimizer, micro_batches, cfg.training, env.world_size,
                             cfg.parallelism.grad_sync)
         scheduler.step()
-        metrics.step_done(step, result, lr=lr, num_samples=global_rows, data_state=sampler.state_dict())
+        record = metrics.step_done(step, result, lr=lr, num_samples=global_rows, data_state=sampler.state_dict())
+        if progress:
+            progress.publish(record, force=step == steps, done=step == steps)
         if checkpointer.due(step, steps):
             t_save = time.perf_counter()
             path = checkpointer.save(step, model, optimizer, {
@@ -209,6 +216,8 @@ def train(cfg: TrainConfig, env: DistEnv) -> None:
         modeling.export_hf(model, cfg.checkpoint.export_dir, dtype=dtype, model_dir=model_dir)
         say(f"export: {cfg.checkpoint.export_dir}")
     metrics.close()
+    if progress:
+        progress.close()
     dist.destroy_process_group()
 
 
