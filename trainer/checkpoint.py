@@ -9,10 +9,21 @@ Layout of one checkpoint (the directory must be shared by all ranks, e.g. a Read
         config.yaml                    the resolved training config
         COMPLETE                       written last
 
-Saving writes everything into `.tmp-step-00000020`, waits for every rank, writes COMPLETE and renames
-the directory, so a `step-*` directory is always whole; a crash leaves at most a `.tmp-*` directory,
-which is never loaded and is removed by the next save of that step. Only the newest `keep_last`
-complete checkpoints are kept. Resuming picks the newest complete one (rank 0 decides, all follow).
+Saving writes everything into `.tmp-step-00000020`, waits for every rank, writes COMPLETE (with the
+size of every file) and renames the directory, so a `step-*` directory is always whole; a crash leaves
+at most a `.tmp-*` directory, which is never loaded and is removed by the next save of that step. Only
+the newest `keep_last` complete checkpoints are kept. A save that fails on any rank (a full disk, an
+I/O error) fails on all of them together: the partial directory is removed, the older checkpoints stay
+as they were, and the run stops with one line (ConfigError on checkpoint.dir, exit status 2).
+
+Resuming picks the newest complete checkpoint that passes `verify` (rank 0 decides, all follow): a
+newest one with a missing or truncated file (a shard, .metadata, COMPLETE) is set aside as
+`.corrupt-step-*` with one line, and the next older one is used. The saved config is compared with
+the current one (`compare_configs`): changes to what the weights or the data order mean are refused
+in one line, the rest is said in one line and applied.
+
+Preemption: `StopRequest` turns SIGTERM into a flag that all ranks agree on after each step, so the
+loop saves a checkpoint and every rank exits with 143 (see trainer/launch.py for why that status).
 """
 from __future__ import annotations
 
@@ -21,20 +32,31 @@ import os
 import random
 import re
 import shutil
+import signal
 import time
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import yaml
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
                                                      set_state_dict)
 
-from trainer.config import CheckpointConfig
+from trainer.config import CheckpointConfig, ConfigError
 
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 COMPLETE = "COMPLETE"
+CORRUPT_PREFIX = ".corrupt-"
+
+# Resuming with one of these changed is refused: the weights were trained for that model, sequence
+# length and data, and the saved data position counts rows of that dataset in that seeded order.
+REFUSED_CHANGES = ("model.name", "model.path", "data.path", "data.format", "data.seq_len", "data.packing",
+                   "data.num_synthetic_samples", "training.seed")
+# Where outputs go and how often: not part of the training state, never worth a line.
+QUIET_SECTIONS = ("checkpoint.", "metrics.")
 
 
 def step_dir_name(step: int) -> str:
@@ -75,6 +97,113 @@ def _fsync_write(path: str, text: str) -> None:
         os.fsync(fh.fileno())
 
 
+def _one_line(err: BaseException) -> str:
+    """A failure as one line: DCP's CheckpointException carries every rank's traceback; take the cause."""
+    if isinstance(err, CheckpointException) and err.failures:
+        err = next(iter(err.failures.values()))[0]
+    if isinstance(err, OSError) and err.strerror:
+        return f"{err.strerror}" + (f" ({err.filename})" if err.filename else "")
+    return " ".join(f"{type(err).__name__}: {err}".split())
+
+
+def verify(path: str) -> str | None:
+    """Why the checkpoint at `path` cannot be loaded (a missing or truncated file), or None when whole.
+
+    Checks sizes, not contents: every file COMPLETE lists has its recorded size, and every item of
+    the DCP .metadata lies inside its shard file. Cheap even for terabyte checkpoints.
+    """
+    try:
+        with open(os.path.join(path, COMPLETE), encoding="utf-8") as fh:
+            complete = json.load(fh)
+        for name, size in complete.get("files", {}).items():
+            actual = os.path.getsize(os.path.join(path, name)) if os.path.isfile(os.path.join(path, name)) else None
+            if actual != size:
+                return f"{name} has {'no file' if actual is None else f'{actual} bytes'}, {size} bytes were written"
+        with open(os.path.join(path, "trainer_state.json"), encoding="utf-8") as fh:
+            json.load(fh)
+        metadata = FileSystemReader(path).read_metadata()
+    except FileNotFoundError as err:
+        return f"{os.path.basename(err.filename or '')} is missing"
+    except Exception as err:  # noqa: BLE001 - any unreadable file means "not loadable", said in one line
+        return f"unreadable ({_one_line(err)})"
+    needed: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    for name, end in sorted(needed.items()):
+        file = os.path.join(path, name)
+        if not os.path.isfile(file):
+            return f"shard {name} is missing"
+        if os.path.getsize(file) < end:
+            return f"shard {name} is truncated ({os.path.getsize(file)} of {end} bytes)"
+    return None
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in data.items():
+        if isinstance(value, Mapping):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def compare_configs(saved: Mapping[str, Any], current: Mapping[str, Any], saved_world_size: int,
+                    world_size: int) -> tuple[list[str], list[str]]:
+    """(refused, accepted) changes between a checkpoint's resolved config and the current one.
+
+    Each entry reads `key old -> new`. A changed world size is accepted: DCP reshards the model and
+    optimizer state, and the sampler's position counts global rows, not per-rank ones.
+    """
+    old, new = _flatten(saved), _flatten(current)
+    refused, accepted = [], []
+    for key in sorted(set(old) | set(new)):
+        if key.startswith(QUIET_SECTIONS) or key == "model.init_seed" or old.get(key) == new.get(key):
+            continue
+        change = f"{key} {old.get(key, '(unset)')} -> {new.get(key, '(unset)')}"
+        (refused if key in REFUSED_CHANGES else accepted).append(change)
+    if saved_world_size != world_size:
+        accepted.append(f"world size {saved_world_size} -> {world_size} (resharded)")
+    return refused, accepted
+
+
+def load_scheduler_state(scheduler: torch.optim.lr_scheduler.LambdaLR, state: dict[str, Any], lr: float) -> None:
+    """Restore the schedule's position, with the current config's peak lr and shape.
+
+    The saved state holds the old peak (base_lrs) and the lr of the next step, and the optimizer's
+    param groups hold it too: without this a changed training.lr (or warmup or max_steps) would be
+    said and then silently ignored. Unchanged settings give the very same numbers (the product below
+    is the one LambdaLR computes).
+    """
+    scheduler.load_state_dict(state)
+    scheduler.base_lrs = [lr] * len(scheduler.optimizer.param_groups)
+    for group, fn in zip(scheduler.optimizer.param_groups, scheduler.lr_lambdas):
+        group["initial_lr"] = lr
+        group["lr"] = lr * fn(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
+
+
+class StopRequest:
+    """SIGTERM (preemption, eviction, node drain) as a flag that every rank sees after the same step.
+
+    torchrun forwards SIGTERM to its workers, but on several nodes only some ranks may get it, so
+    `requested` is a collective: an all-reduce of a CPU tensor, which the process group runs on gloo
+    (trainer.parallelize.init_distributed), so it never waits for the GPU.
+    """
+
+    def __init__(self) -> None:
+        self.received = False
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.received = True
+
+    def requested(self) -> bool:
+        flag = torch.tensor([int(self.received)], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+
 class Checkpointer:
     """Saves and restores the full training state; every method is collective (all ranks call it)."""
 
@@ -93,37 +222,116 @@ class Checkpointer:
             return False
         return step == last_step or (self.cfg.interval_steps > 0 and step % self.cfg.interval_steps == 0)
 
-    def latest(self) -> str | None:
-        """Path of the newest complete checkpoint to resume from, or None (same answer on all ranks)."""
+    def _agree(self, error: str | None) -> str | None:
+        """The first rank's error, on every rank (collective), so all ranks fail or succeed together."""
+        errors: list[str | None] = [None] * self.world_size
+        dist.all_gather_object(errors, error)
+        return next((e for e in errors if e), None)
+
+    def _newest(self) -> tuple[str | None, list[str]]:
+        """(newest loadable checkpoint, lines saying which newer ones were set aside); rank 0 only."""
+        notes = []
+        for _, path in reversed(complete_checkpoints(self.cfg.dir)):
+            problem = verify(path)
+            if problem is None:
+                return path, notes
+            notes.append(self._set_aside(path, problem))
+        return None, notes
+
+    def _set_aside(self, path: str, problem: str) -> str:
+        aside = os.path.join(os.path.dirname(path), CORRUPT_PREFIX + os.path.basename(path))
+        shutil.rmtree(aside, ignore_errors=True)
+        os.rename(path, aside)
+        return f"warning: checkpoint {path} cannot be loaded: {problem}; set aside as {aside}"
+
+    def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+               say: Any = print) -> tuple[str, dict[str, Any]] | None:
+        """Load the newest loadable checkpoint: (its path, trainer_state.json), or None to start afresh.
+
+        Falls back to older checkpoints, one line each; refuses (ConfigError) a checkpoint saved with a
+        configuration whose weights or data order the current one cannot continue.
+        """
         if not self.enabled or not self.cfg.resume:
             return None
-        choice = [None]
-        if self.rank == 0:
-            found = complete_checkpoints(self.cfg.dir)
-            choice[0] = found[-1][1] if found else None
-        dist.broadcast_object_list(choice, src=0)
-        return choice[0]
+        while True:
+            choice: list[Any] = [None, [], None]
+            if self.rank == 0:
+                path, notes = self._newest()
+                choice = [path, notes, self._config_changes(path) if path else None]
+            dist.broadcast_object_list(choice, src=0)
+            path, notes, changes = choice
+            for note in notes:
+                say(note)
+            if path is None:
+                if notes:
+                    say(f"warning: no loadable checkpoint left in {self.cfg.dir}; starting from step 0")
+                return None
+            refused, accepted = changes
+            if refused:
+                raise ConfigError(refused[0].split()[0], f"differs from checkpoint {path} ({'; '.join(refused)}); "
+                                  "keep the saved value, or start afresh with a new checkpoint.dir "
+                                  "(or checkpoint.resume=false)")
+            try:
+                state = self.load(path, model, optimizer)
+            except CheckpointException as err:  # raised on every rank together by DCP
+                if self.rank == 0:
+                    say(self._set_aside(path, _one_line(err)))
+                dist.barrier()
+                continue
+            if accepted:
+                say(f"resume: {os.path.basename(path)} was saved with another configuration, continuing with "
+                    f"the new values: {'; '.join(accepted)}")
+            return path, state
+
+    def _config_changes(self, path: str) -> tuple[list[str], list[str]]:
+        with open(os.path.join(path, "config.yaml"), encoding="utf-8") as fh:
+            saved = yaml.safe_load(fh) or {}
+        with open(os.path.join(path, COMPLETE), encoding="utf-8") as fh:
+            saved_world = int(json.load(fh).get("world_size", self.world_size))
+        return compare_configs(saved, self.resolved_config, saved_world, self.world_size)
 
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
              train_state: dict[str, Any]) -> str:
         final = os.path.join(self.cfg.dir, step_dir_name(step))
         tmp = os.path.join(self.cfg.dir, "." + "tmp-" + step_dir_name(step))
+        error = None
         if self.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            os.makedirs(tmp)
-        dist.barrier()
-        model_sd, optim_sd = get_state_dict(model, optimizer)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
-        torch.save(rng_state(), os.path.join(tmp, f"rng-rank{self.rank:05d}.pt"))
-        dist.barrier()
+            try:
+                shutil.rmtree(tmp, ignore_errors=True)
+                os.makedirs(tmp)
+            except OSError as err:
+                error = _one_line(err)
+        error = self._agree(error)
+        if error is None:
+            model_sd, optim_sd = get_state_dict(model, optimizer)
+            try:
+                dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
+                torch.save(rng_state(), os.path.join(tmp, f"rng-rank{self.rank:05d}.pt"))
+            except (CheckpointException, OSError, RuntimeError) as err:
+                error = _one_line(err)
+            error = self._agree(error)
+        if error is None and self.rank == 0:
+            try:
+                _fsync_write(os.path.join(tmp, "trainer_state.json"),
+                             json.dumps({**train_state, "step": step, "world_size": self.world_size}, indent=2))
+                _fsync_write(os.path.join(tmp, "config.yaml"),
+                             yaml.safe_dump(self.resolved_config, sort_keys=False))
+                files = {name: os.path.getsize(os.path.join(tmp, name)) for name in sorted(os.listdir(tmp))}
+                _fsync_write(os.path.join(tmp, COMPLETE), json.dumps(
+                    {"step": step, "world_size": self.world_size, "time": time.time(), "files": files}))
+                shutil.rmtree(final, ignore_errors=True)
+                os.rename(tmp, final)
+            except OSError as err:
+                error = _one_line(err)
+        error = self._agree(error)
+        if error is not None:
+            if self.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            found = complete_checkpoints(self.cfg.dir)
+            kept = f"{found[-1][1]} is intact" if found else "no earlier checkpoint exists"
+            raise ConfigError("checkpoint.dir", f"writing checkpoint {final} failed: {error}; {kept}; free space "
+                              "on that volume or point checkpoint.dir at a larger one, then relaunch to resume")
         if self.rank == 0:
-            _fsync_write(os.path.join(tmp, "trainer_state.json"),
-                         json.dumps({**train_state, "step": step, "world_size": self.world_size}, indent=2))
-            _fsync_write(os.path.join(tmp, "config.yaml"), yaml.safe_dump(self.resolved_config, sort_keys=False))
-            _fsync_write(os.path.join(tmp, COMPLETE),
-                         json.dumps({"step": step, "world_size": self.world_size, "time": time.time()}))
-            shutil.rmtree(final, ignore_errors=True)
-            os.rename(tmp, final)
             for _, old in complete_checkpoints(self.cfg.dir)[:-self.cfg.keep_last]:
                 shutil.rmtree(old, ignore_errors=True)
         dist.barrier()

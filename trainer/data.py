@@ -8,9 +8,14 @@ Formats (one JSON object per example, from a JSON list or a JSONL file):
 Every example becomes `[BOS] prompt response [EOS]`. Rows hold inputs and targets already shifted by
 one (target[t] is the token after input[t]); targets are -100 on prompt tokens, so the loss covers the
 response only. With packing, examples are placed greedily, in file order, into seq_len windows
-(an example that does not fit starts a new window; one longer than seq_len is truncated); the model
-attends across example boundaries inside a window, as llama-recipes' packing does. The fraction of
-padding is reported. Without packing every example is one row, padded to seq_len.
+(an example that does not fit starts a new window); the model attends across example boundaries inside
+a window, as llama-recipes' packing does. The fraction of padding is reported. Without packing every
+example is one row, padded to seq_len.
+
+An example longer than seq_len keeps its end: the beginning of its prompt is cut (BOS stays), so the
+whole response and its EOS target are trained and the model still learns where a response stops.
+An example whose response alone does not fit is dropped: cutting the response would teach answers
+that never end, and a response without its prompt teaches nothing useful. Both counts are reported.
 
 The sampler shuffles rows once per epoch with a seed and hands each data-parallel rank its slice of
 every global micro-batch. Its whole state is (epoch, position), position counting global rows
@@ -163,9 +168,10 @@ class PackedDataset:
     """Tokenised rows of seq_len tokens (int32 to halve host memory), with padding statistics."""
 
     def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, lengths: torch.Tensor,
-                 num_examples: int, num_truncated: int):
+                 num_examples: int, num_truncated: int, num_dropped: int = 0):
         self.inputs, self.targets, self.lengths = inputs, targets, lengths
-        self.num_examples, self.num_truncated = num_examples, num_truncated
+        # num_examples counts every example read; num_dropped of them are in no row.
+        self.num_examples, self.num_truncated, self.num_dropped = num_examples, num_truncated, num_dropped
 
     def __len__(self) -> int:
         return self.inputs.shape[0]
@@ -188,6 +194,7 @@ class SyntheticDataset:
 
     padding_fraction = 0.0
     num_truncated = 0
+    num_dropped = 0
 
     def __init__(self, num_rows: int, seq_len: int, vocab_size: int, seed: int):
         self.num_rows, self.seq_len, self.vocab_size, self.seed = num_rows, seq_len, vocab_size, seed
@@ -206,17 +213,37 @@ class SyntheticDataset:
         return Batch(out[:, :-1].contiguous(), targets, None, targets.numel(), targets.numel())
 
 
+def fit_example(inputs: list[int], targets: list[int],
+                seq_len: int) -> tuple[list[int], list[int]] | None:
+    """The example cut to at most seq_len positions keeping its end, or None when its response cannot fit.
+
+    Positions 1.. of the prompt are cut (position 0, BOS, stays); every cut position has no target, so
+    the whole response and its EOS target remain. The response needs the position of the last prompt
+    token (it predicts the first response token) plus one per response token, and position 0 stays.
+    """
+    if len(inputs) <= seq_len:
+        return inputs, targets
+    first_trained = next(i for i, t in enumerate(targets) if t != IGNORE_INDEX)
+    if len(inputs) - first_trained > seq_len - 1:
+        return None
+    cut = len(inputs) - seq_len
+    return inputs[:1] + inputs[1 + cut:], targets[:1] + targets[1 + cut:]
+
+
 def pack(examples: list[tuple[list[int], list[int]]], seq_len: int, packing: bool,
          pad_id: int) -> PackedDataset:
     rows_in: list[list[int]] = []
     rows_tg: list[list[int]] = []
     cur_in: list[int] = []
     cur_tg: list[int] = []
-    truncated = 0
-    for inputs, targets in examples:
-        if len(inputs) > seq_len:
-            inputs, targets = inputs[:seq_len], targets[:seq_len]
-            truncated += 1
+    truncated = dropped = 0
+    for example in examples:
+        fitted = fit_example(*example, seq_len)
+        if fitted is None:
+            dropped += 1
+            continue
+        truncated += fitted[0] is not example[0]
+        inputs, targets = fitted
         if cur_in and (not packing or len(cur_in) + len(inputs) > seq_len):
             rows_in.append(cur_in)
             rows_tg.append(cur_tg)
@@ -234,7 +261,7 @@ def pack(examples: list[tuple[list[int], list[int]]], seq_len: int, packing: boo
         inputs_t[i, : len(ri)] = torch.tensor(ri, dtype=torch.int32)
         targets_t[i, : len(rt)] = torch.tensor(rt, dtype=torch.int32)
         lengths[i] = len(ri)
-    return PackedDataset(inputs_t, targets_t, lengths, len(examples), truncated)
+    return PackedDataset(inputs_t, targets_t, lengths, len(examples), truncated, dropped)
 
 
 def load_tokenizer(model_path: str, vocab_size: int) -> Any:
@@ -258,7 +285,11 @@ def build_dataset(cfg: DataConfig, tokenizer: Any, vocab_size: int, seed: int) -
         examples.append(tokenize_example(tokenizer, prompt, response))
     if not examples:
         raise ConfigError("data.path", f"{cfg.path} holds no examples")
-    return pack(examples, cfg.seq_len, cfg.packing, tokenizer.pad_token_id)
+    dataset = pack(examples, cfg.seq_len, cfg.packing, tokenizer.pad_token_id)
+    if not len(dataset):
+        raise ConfigError("data.seq_len", f"all {len(examples)} examples of {cfg.path} have a response longer "
+                          f"than {cfg.seq_len} tokens; raise data.seq_len")
+    return dataset
 
 
 class ShardedSampler:

@@ -1,0 +1,160 @@
+"""torchrun, made to survive a late rendezvous host and to report preemption as a restartable exit.
+
+    python -m trainer.launch <torchrun arguments>     # exactly the arguments torchrun takes
+
+1. Wait for the rendezvous endpoint. In a PyTorchJob every pod starts torchrun with
+   `--rdzv-endpoint=<job>-worker-0:29400`; the name resolves only once worker 0's pod exists, and the
+   operator adds no wait for Worker-only jobs. torchrun alone gives up after about 155 s, the pod exits
+   1 and `restartPolicy: ExitCode` fails the whole job, although a worker 0 minutes late (image pull,
+   node arrival) is normal. So this waits until the endpoint's host resolves and, for the c10d backend
+   on a node that does not serve the store itself, until its port accepts connections: up to
+   FSDP_RDZV_WAIT_S seconds (default 900), with a line when it starts waiting and once a minute.
+   After that it exits 1 with one line: a worker 0 that never comes should fail the job, not hold GPUs.
+2. Run torchrun (torch.distributed.run, the program behind the `torchrun` command) in this process,
+   with the same arguments.
+3. Exit with a status the Training Operator restarts after a preemption. On SIGTERM torchrun forwards
+   the signal to the trainer processes (which save a checkpoint and exit 143, see trainer/train.py) and
+   then itself exits 1 with a traceback; under `restartPolicy: ExitCode` 1 is a permanent failure. So
+   SIGTERM (or any signal torchrun stops on) ends this process with 128 + the signal number, and
+   workers that all exited 143 (a preemption seen on another node) end it with 143. Workers that all
+   exited 2 (bad input, said in one line by the trainer) end it with 2, without torchrun's report. The operator
+   restarts exactly those: in kubeflow/training-operator's release-1.9 line (v1.9.0 up to the branch
+   head), pkg/util/train/train_util.go `IsRetryableExitCode` is `exitCode >= 128`, and
+   pkg/controller.v1/common/pod.go deletes and re-creates a failed pod of an ExitCode replica when it
+   holds, else fails the job. That is why torchrun runs in this process instead of being exec'ed.
+
+torchrun gives its workers 30 s after forwarding SIGTERM, then kills them; a large model's checkpoint
+takes longer. FSDP_TERM_GRACE_S (default 30) sets that time: keep it under the pod's
+terminationGracePeriodSeconds.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Callable, Sequence
+
+WAIT_ENV = "FSDP_RDZV_WAIT_S"
+GRACE_ENV = "FSDP_TERM_GRACE_S"
+LOG_EVERY_S = 60.0
+POLL_S = 1.0
+STOPPED = 128 + signal.SIGTERM
+
+
+def _seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name, "")
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        print(f"error: {name}={raw!r}: must be a number of seconds, e.g. {name}={int(default)}", file=sys.stderr)
+        sys.exit(2)
+    return value
+
+
+def _resolves(host: str, port: int) -> bool:
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    return True
+
+
+def _accepts(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=5):
+            return True
+    except OSError:
+        return False
+
+
+def wait_for(what: str, ready: Callable[[], bool], deadline: float, wait_s: float) -> bool:
+    """Poll `ready` until it holds or `deadline` (time.monotonic) passes; say so once a minute."""
+    next_log = time.monotonic()
+    while not ready():
+        now = time.monotonic()
+        if now >= deadline:
+            return False
+        if now >= next_log:
+            print(f"launch: waiting for {what} ({deadline - now:.0f} of {wait_s:.0f} s left, {WAIT_ENV})",
+                  file=sys.stderr, flush=True)
+            next_log = now + LOG_EVERY_S
+        time.sleep(POLL_S)
+    return True
+
+
+def wait_for_rendezvous(argv: Sequence[str]) -> None:
+    """Block until the rendezvous endpoint of this torchrun command line can be used (see step 1)."""
+    from torch.distributed.elastic.rendezvous.utils import (_matches_machine_hostname, _parse_rendezvous_config,
+                                                            parse_rendezvous_endpoint)
+    from torch.distributed.run import parse_args
+
+    args = parse_args(list(argv))
+    if args.standalone or not args.rdzv_endpoint:
+        return
+    host, port = parse_rendezvous_endpoint(args.rdzv_endpoint, default_port=29400)
+    wait_s = _seconds(WAIT_ENV, 900.0)
+    deadline = time.monotonic() + wait_s
+    if not wait_for(f"{host} to resolve", lambda: _resolves(host, port), deadline, wait_s):
+        print(f"error: --rdzv-endpoint {args.rdzv_endpoint}: {host} did not resolve within {wait_s:.0f} s; "
+              f"check that the first worker's pod runs, or raise {WAIT_ENV}", file=sys.stderr)
+        sys.exit(1)
+    if args.rdzv_backend != "c10d":
+        return
+    # The c10d store is served by the node whose address is the endpoint's (torchrun decides the same way,
+    # unless rdzv-conf says is_host); every other node can only connect to it.
+    is_host = _parse_rendezvous_config(args.rdzv_conf).get("is_host")
+    serves = is_host.lower() in ("1", "true", "yes") if is_host is not None else _matches_machine_hostname(host)
+    if not serves and not wait_for(f"the rendezvous store at {host}:{port}", lambda: _accepts(host, port),
+                                   deadline, wait_s):
+        print(f"error: --rdzv-endpoint {args.rdzv_endpoint}: nothing accepted connections within {wait_s:.0f} s; "
+              f"check that the first worker's torchrun runs, or raise {WAIT_ENV}", file=sys.stderr)
+        sys.exit(1)
+
+
+def _extend_worker_grace(grace_s: float) -> None:
+    """Let torchrun wait `grace_s` (not its fixed 30 s) for workers to exit after it forwards a signal."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    close = api.PContext.close
+
+    def close_with_grace(self, death_sig=None, timeout=30):
+        return close(self, death_sig, max(timeout, grace_s))
+
+    api.PContext.close = close_with_grace
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    wait_for_rendezvous(argv)
+    _extend_worker_grace(_seconds(GRACE_ENV, 30.0))
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun
+
+    try:
+        torchrun(argv)
+    except SignalException as err:
+        print(f"launch: stopped by {signal.Signals(err.sigval).name}; exit status {128 + err.sigval}",
+              file=sys.stderr, flush=True)
+        return 128 + err.sigval
+    except ChildFailedError as err:
+        codes = {STOPPED if f.exitcode == -signal.SIGTERM else f.exitcode for f in err.failures.values()}
+        if codes == {STOPPED}:
+            print(f"launch: every worker stopped after SIGTERM; exit status {STOPPED}", file=sys.stderr, flush=True)
+            return STOPPED
+        if 2 in codes and codes <= {2, STOPPED}:
+            # The trainer's bad-input exit (torchrun stops the other workers with SIGTERM): its one line
+            # is already on stderr, and torchrun's report would only bury it.
+            return 2
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
