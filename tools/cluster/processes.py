@@ -1,0 +1,143 @@
+"""Start processes on loopback and stop every one of them, whatever happens.
+
+Each process runs in its own process group (so a wrapper and what it execs die together) and with
+the parent-death signal set to SIGKILL (so a killed test runner leaves nothing behind). Everything
+started is also recorded in a module-level registry that an atexit hook empties, which covers a
+KeyboardInterrupt or an exception between fixtures. Readiness waits always check that the process
+is still alive and have a deadline: a port another program took shows up as the process's own
+error (for example "address already in use") within seconds, never as a hang.
+"""
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class StartError(RuntimeError):
+    """A process exited or did not become ready; the message holds the end of its log."""
+
+
+@dataclass
+class Process:
+    name: str
+    popen: subprocess.Popen
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def tail(self, lines: int = 25) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def wait_ready(self, check: Callable[[], bool], timeout_s: float, what: str = "ready") -> None:
+        """Poll `check` until it is true; fail at once if the process exits, or after timeout_s."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.popen.poll() is not None:
+                raise StartError(f"{self.name} exited with {self.popen.returncode} before it was {what}; "
+                                 f"end of {self.log}:\n{self.tail()}")
+            try:
+                if check():
+                    return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise StartError(f"{self.name} was not {what} after {timeout_s:.0f} s; end of {self.log}:\n{self.tail()}")
+            time.sleep(0.25)
+
+
+_RUNNING: dict[int, Process] = {}
+
+
+def start(name: str, args: list[str], log: Path, env: dict[str, str] | None = None,
+          cwd: Path | None = None) -> Process:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        popen = subprocess.Popen([str(a) for a in args], stdout=out, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, env=env, cwd=cwd, start_new_session=True,
+                                 preexec_fn=_die_with_parent)
+    proc = Process(name, popen, log)
+    _RUNNING[popen.pid] = proc
+    return proc
+
+
+def stop(proc: Process, timeout_s: float = 10) -> None:
+    """SIGTERM the process group, SIGKILL what is left after timeout_s; reap the process."""
+    _RUNNING.pop(proc.pid, None)
+    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.popen.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+        # The group leader is gone; anything it started in its group goes with this signal too.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        break
+
+
+def stop_all() -> None:
+    for proc in reversed(list(_RUNNING.values())):
+        stop(proc, timeout_s=5)
+
+
+def running() -> list[Process]:
+    return list(_RUNNING.values())
+
+
+atexit.register(stop_all)
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now. Another program may take it before the component
+    binds it; the component then exits with its bind error and wait_ready reports that."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def listening_ports(pids: set[int]) -> set[tuple[int, int]]:
+    """(pid, port) of every TCP socket in LISTEN state that one of pids holds (from /proc)."""
+    inodes: dict[str, int] = {}
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes[target[8:-1]] = pid
+        except OSError:
+            continue
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
+                found.add((inodes[cols[9]], int(cols[1].rsplit(":", 1)[1], 16)))
+    return found
