@@ -26,14 +26,20 @@ LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT, which are all the tra
 
 Exit status: 0 when done; 2 for a bad config or input, with one line `error: <key>: <message>` on
 stderr from rank 0 (config, topology and file checks run before torch is imported and before any
-process group exists). Any other failure is a crash with a traceback. A restarted or re-launched
-job resumes from the newest complete checkpoint in checkpoint.dir (checkpoint.resume=true).
+process group exists; a checkpoint that cannot be written, e.g. on a full disk, or one saved with a
+configuration the run cannot continue, also ends with one line and status 2); 143 after SIGTERM
+(preemption, eviction, node drain): every rank finishes its step, the checkpoint is written, and
+all exit 143 so that the operator restarts the job (trainer/launch.py). Any other failure is a crash
+with a traceback. A restarted or re-launched job resumes from the newest loadable checkpoint in
+checkpoint.dir (checkpoint.resume=true); the directory comes from the config only, never from the
+job's name, so a retried job under a new name keeps its checkpoints.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import re
+import signal
 import socket
 import sys
 import time
@@ -87,15 +93,15 @@ def preflight(cfg: TrainConfig, env: DistEnv) -> None:
                           "or a hub id such as meta-llama/Llama-2-7b-hf")
 
 
-def train(cfg: TrainConfig, env: DistEnv) -> None:
-    """The whole run; every rank executes it (collective)."""
+def train(cfg: TrainConfig, env: DistEnv) -> int:
+    """The whole run; every rank executes it (collective). Returns the exit status (0, or 143 after SIGTERM)."""
     # Heavy imports only now, so that config errors above are reported in well under a second.
     import torch
     import torch.distributed as dist
 
     from trainer import model as modeling
     from trainer.catalog import MODELS, peak_flops_for
-    from trainer.checkpoint import Checkpointer
+    from trainer.checkpoint import Checkpointer, StopRequest, load_scheduler_state
     from trainer.data import ShardedSampler, build_dataset, load_tokenizer
     from trainer.metrics import MetricsLogger, host_memory_probe
     from trainer.optim import build_optimizer, build_scheduler, total_steps, train_step
@@ -106,6 +112,7 @@ def train(cfg: TrainConfig, env: DistEnv) -> None:
 
     # 1. Process group and device; the model source (a hub id is downloaded once per node).
     device = init_distributed(env.local_rank)
+    stop = StopRequest()  # from here on, SIGTERM stops the run at the next step boundary with a checkpoint
     torch.manual_seed(cfg.training.seed + env.rank)
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True) and env.world_size > env.local_world_size:
         say("warning: torchrun shares its c10d store with the workers; on several nodes a restart can hang "
@@ -146,7 +153,8 @@ def train(cfg: TrainConfig, env: DistEnv) -> None:
                              cfg.training.seed)
     steps = total_steps(cfg.training, sampler.micro_batches_per_epoch)
     say(f"data: {dataset.num_examples} examples -> {len(dataset)} rows of {cfg.data.seq_len} tokens, "
-        f"padding {dataset.padding_fraction:.1%}, truncated {dataset.num_truncated}; {steps} steps")
+        f"padding {dataset.padding_fraction:.1%}; {dataset.num_truncated} over-long examples cut at the "
+        f"prompt's start, {dataset.num_dropped} dropped (response longer than data.seq_len); {steps} steps")
 
     # 4. Optimizer, schedule, checkpoints (resume from the newest complete one), metrics.
     optimizer = build_optimizer(model, cfg.training, device)
@@ -162,10 +170,11 @@ def train(cfg: TrainConfig, env: DistEnv) -> None:
                             info={"model": cfg.model.name, "strategy": cfg.parallelism.sharding_strategy,
                                   "precision": cfg.parallelism.precision})
     start_step = 0
-    resume_path = checkpointer.latest()
-    if resume_path:
-        state = checkpointer.load(resume_path, model, optimizer)
-        scheduler.load_state_dict(state["scheduler"])
+    resumed = checkpointer.resume(model, optimizer, say)
+    resume_path = resumed[0] if resumed else None
+    if resumed:
+        state = resumed[1]
+        load_scheduler_state(scheduler, state["scheduler"], cfg.training.lr)
         sampler.load_state_dict(state["data"])
         metrics.load_state_dict(state["metrics"])
         start_step = state["step"]
@@ -178,7 +187,8 @@ def train(cfg: TrainConfig, env: DistEnv) -> None:
         "peak_flops": peak_flops, "load": load, "total_steps": steps, "resumed_from": resume_path,
         "restart_count": metrics.restart_count,
         "dataset": {"examples": dataset.num_examples, "rows": len(dataset),
-                    "padding_fraction": dataset.padding_fraction, "truncated": dataset.num_truncated},
+                    "padding_fraction": dataset.padding_fraction, "truncated": dataset.num_truncated,
+                    "dropped": dataset.num_dropped},
         "versions": {"python": sys.version.split()[0], "torch": torch.__version__,
                      "transformers": __import__("transformers").__version__,
                      "cuda": torch.version.cuda, "nccl": ".".join(map(str, torch.cuda.nccl.version()))
@@ -193,6 +203,7 @@ def train(cfg: TrainConfig, env: DistEnv) -> None:
     global_rows = cfg.training.batch_size_per_gpu * env.world_size * accum
     model.train()
     metrics.restart_clock()
+    stopping = False
     for step in range(start_step + 1, steps + 1):
         micro_batches = [dataset.batch(sampler.next_rows()).to(device) for _ in range(accum)]
         lr = scheduler.get_last_lr()[0]
@@ -202,16 +213,21 @@ def train(cfg: TrainConfig, env: DistEnv) -> None:
         record = metrics.step_done(step, result, lr=lr, num_samples=global_rows, data_state=sampler.state_dict())
         if progress:
             progress.publish(record, force=step == steps, done=step == steps)
-        if checkpointer.due(step, steps):
+        stopping = stop.requested()
+        if checkpointer.due(step, steps) or (stopping and checkpointer.enabled):
             t_save = time.perf_counter()
             path = checkpointer.save(step, model, optimizer, {
                 "data": sampler.state_dict(), "scheduler": scheduler.state_dict(),
                 "metrics": metrics.state_dict()})
             metrics.exclude(time.perf_counter() - t_save)
             say(f"checkpoint: {path} ({time.perf_counter() - t_save:.1f}s)")
+        if stopping:
+            say(f"stopped by SIGTERM after step {step}" + (f", checkpoint {path}" if checkpointer.enabled else
+                ", no checkpoint (checkpoint.dir is empty)") + "; exit status 143, the restarted job resumes")
+            break
 
-    # 6. Optional consolidated Hugging Face export, then leave the process group.
-    if cfg.checkpoint.export_dir:
+    # 6. Optional consolidated Hugging Face export (of a finished run), then leave the process group.
+    if cfg.checkpoint.export_dir and not stopping:
         dtype = torch.float32 if cfg.parallelism.precision == "fp32" else torch.bfloat16
         modeling.export_hf(model, cfg.checkpoint.export_dir, dtype=dtype, model_dir=model_dir)
         say(f"export: {cfg.checkpoint.export_dir}")
@@ -219,6 +235,8 @@ def train(cfg: TrainConfig, env: DistEnv) -> None:
     if progress:
         progress.close()
     dist.destroy_process_group()
+    # 128 + SIGTERM, what a process killed by the signal reports: the operator restarts such exits.
+    return 128 + signal.SIGTERM if stopping else 0
 
 
 def _single_process_defaults() -> None:
@@ -277,10 +295,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = load_config(args.config, args.overrides)
         preflight(cfg, env)
         _single_process_defaults()
-        train(cfg, env)
+        return train(cfg, env)
     except ConfigError as err:
         return _fail(err, rank, args.config, args.overrides)
-    return 0
 
 
 if __name__ == "__main__":
