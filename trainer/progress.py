@@ -71,9 +71,9 @@ class ProgressPublisher:
 
     def __init__(self, *, url: str, token_path: str, ca_path: str, total_steps: int,
                  interval_s: float = 30.0, timeout_s: float = 5.0):
-        self.url, self.token_path, self.total_steps = url, token_path, total_steps
+        self.url, self.token_path, self.ca_path, self.total_steps = url, token_path, ca_path, total_steps
         self.interval_s, self.timeout_s = interval_s, timeout_s
-        self.context = ssl.create_default_context(cafile=ca_path) if url.startswith("https:") else None
+        self._context: ssl.SSLContext | None = None  # made on first use, where a missing CA is just a failure
         self.sent = 0  # successful patches
         self.failed = 0  # failed patches
         self._last_submit = -float("inf")
@@ -101,7 +101,10 @@ class ProgressPublisher:
             return None
         host = f"[{host}]" if ":" in host else host  # IPv6 service address
         url = f"https://{host}:{port}/api/v1/namespaces/{namespace}/pods/{pod}"
-        interval_s = float(environ.get("FSDP_PROGRESS_INTERVAL_S", "30"))
+        try:
+            interval_s = float(environ.get("FSDP_PROGRESS_INTERVAL_S", "30"))
+        except ValueError:
+            interval_s = 30.0
         return cls(url=url, token_path=token_path, ca_path=os.path.join(sa_dir, "ca.crt"),
                    total_steps=total_steps, interval_s=interval_s)
 
@@ -138,13 +141,15 @@ class ProgressPublisher:
 
     def _send(self, body: dict[str, str]) -> None:
         try:
+            if self._context is None:
+                self._context = ssl.create_default_context(cafile=self.ca_path)
             with open(self.token_path, encoding="utf-8") as fh:
                 token = fh.read().strip()  # re-read: projected tokens are rotated by the kubelet
             data = json.dumps({"metadata": {"annotations": body}}).encode()
             req = urllib.request.Request(self.url, data=data, method="PATCH", headers={
                 "Authorization": f"Bearer {token}", "Content-Type": "application/merge-patch+json",
                 "Accept": "application/json"})
-            with urllib.request.urlopen(req, timeout=self.timeout_s, context=self.context) as resp:
+            with urllib.request.urlopen(req, timeout=self.timeout_s, context=self._context) as resp:
                 resp.read()
             self.sent += 1
         except Exception as e:  # noqa: BLE001 - any failure here must leave training running
