@@ -272,6 +272,37 @@ class Cluster:
         res = self.kubectl_result("apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump(bad))
         return "denied the request" in res.stderr
 
+    # ----------------------------------------------------------------------------------- fake nodes
+
+    def add_gpu_nodes(self, instance_type: str, count: int, first: int = 0) -> list[str]:
+        """`count` fake Nodes shaped like the catalog's instance type; kwok keeps them Ready."""
+        from trainer.catalog import INSTANCE_TYPES  # the catalog the generator sizes the jobs from
+
+        it = INSTANCE_TYPES[instance_type]
+        resources = {"cpu": str(it.num_vcpus), "memory": f"{it.host_memory_gib}Gi", "pods": "110",
+                     "nvidia.com/gpu": str(it.num_gpus), "vpc.amazonaws.com/efa": str(it.num_efa)}
+        names = [f"{it.name.replace('.', '-')}-{i}" for i in range(first, first + count)]
+        self.apply([fake_node(n, {"node.kubernetes.io/instance-type": it.name}, resources,
+                              taints=[{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}])
+                    for n in names])
+        return names
+
+    def add_cpu_node(self, name: str = "cpu-0") -> str:
+        """An untainted node for the controllers' own pods (etcd, operators)."""
+        self.apply([fake_node(name, {"node.kubernetes.io/instance-type": "m6i.4xlarge"},
+                              {"cpu": "16", "memory": "64Gi", "pods": "110"})])
+        return name
+
+    def add_shared_volume(self, pvc: dict[str, Any]) -> None:
+        """A static PersistentVolume bound to `pvc` (what the FSx CSI driver would provision)."""
+        meta, spec = pvc["metadata"], pvc["spec"]
+        self.apply([{"apiVersion": "v1", "kind": "PersistentVolume",
+                     "metadata": {"name": f"{meta['namespace']}-{meta['name']}"},
+                     "spec": {"capacity": {"storage": spec["resources"]["requests"]["storage"]},
+                              "accessModes": spec["accessModes"], "storageClassName": spec.get("storageClassName", ""),
+                              "hostPath": {"path": f"/fake/{meta['name']}"},
+                              "claimRef": {"namespace": meta["namespace"], "name": meta["name"]}}}])
+
     # ---------------------------------------------------------------------------------------- kubectl
 
     def kubectl_result(self, *args: str, stdin: str | None = None, timeout_s: float = 300) -> subprocess.CompletedProcess:
@@ -308,6 +339,16 @@ class Cluster:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{what}: not reached in {timeout_s:.0f} s")
             time.sleep(1)
+
+
+def fake_node(name: str, labels: dict[str, str], resources: dict[str, str],
+              taints: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "annotations": {FAKE_NODE_ANNOTATION: "fake"},
+                         "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                                    "kubernetes.io/arch": "amd64", "type": "kwok", **labels}},
+            "spec": {"taints": taints or []},
+            "status": {"allocatable": resources, "capacity": resources}}
 
 
 def operator_manifests(docs: list[dict[str, Any]], webhook_port: int) -> list[dict[str, Any]]:

@@ -65,6 +65,9 @@ class Process:
 
 
 _RUNNING: dict[int, Process] = {}
+# Every pid started and every port handed out in this interpreter, for the suite's leak check.
+STARTED: list[int] = []
+PORTS: set[int] = set()
 
 
 def start(name: str, args: list[str], log: Path, env: dict[str, str] | None = None,
@@ -76,6 +79,7 @@ def start(name: str, args: list[str], log: Path, env: dict[str, str] | None = No
                                  preexec_fn=_die_with_parent)
     proc = Process(name, popen, log)
     _RUNNING[popen.pid] = proc
+    STARTED.append(popen.pid)
     return proc
 
 
@@ -116,7 +120,37 @@ def free_port() -> int:
     binds it; the component then exits with its bind error and wait_ready reports that."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port = s.getsockname()[1]
+    PORTS.add(port)
+    return port
+
+
+def leftovers() -> list[str]:
+    """What outlived its stop: processes in the groups of started pids, listeners on handed-out ports."""
+    found = []
+    groups = set(STARTED)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        state, pgid = fields[0], int(fields[2])
+        if (int(entry.name) in groups or pgid in groups) and state != "Z":
+            found.append(f"process {entry.name} ({stat.split('(', 1)[1].split(')')[0]}) still runs")
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            port = int(cols[1].rsplit(":", 1)[1], 16)
+            if cols[3] == "0A" and port in PORTS:  # 0A: LISTEN
+                found.append(f"port {port} still listens")
+    return found
 
 
 def listening_ports(pids: set[int]) -> set[tuple[int, int]]:
