@@ -138,6 +138,7 @@ def test_prometheus_scrapes_the_run_sums_pods_and_alerts_on_a_paused_trainer(tmp
         labels = series[0]["metric"]
         assert labels["job"] == "fsdp-trainer" and labels["namespace"] == NAMESPACE and labels["pod"] in pods
         wait_until("both pods up", lambda: len(api.query(f'up{{run="{RUN}"}} == 1')) == 2, procs=nodes)
+        assert not api.query('{__name__=~"fsdp_.*_created"}')  # no stray _created series
         per_node = api.query(f'fsdp_node_ranks{{run="{RUN}"}}')
         assert sorted(r["metric"]["pod"] for r in per_node) == pods  # every pod answers, with its own figures
 
