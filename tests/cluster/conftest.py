@@ -1,0 +1,32 @@
+"""The real cluster parts for the tests under tests/cluster/ (tools/cluster/harness.py).
+
+One control plane with the Training Operator and kwok serves levels 1 and 2; level 3 starts its own
+with the Flux controllers. The session ends by checking that no process the harness started and no
+port it handed out outlives it.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+
+from tools.cluster import processes
+from tools.cluster.harness import Cluster
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_outlives_the_suite() -> Iterator[None]:
+    yield
+    # Session fixtures that started clusters were torn down before this one (set up first, torn down last).
+    left = processes.leftovers()
+    processes.stop_all()
+    assert left == [], f"the cluster harness left these behind: {left}"
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    c = Cluster.start("operator")
+    try:
+        yield c
+    finally:
+        c.stop()
