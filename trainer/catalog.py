@@ -152,6 +152,9 @@ class InstanceType:
     num_efa: int
     # GPUDirect RDMA over EFA (sets FI_EFA_USE_DEVICE_RDMA=1 in the pods).
     efa_rdma: bool
+    # Network bandwidth of the instance in Gbit/s (the product pages above); the NCCL pre-flight
+    # check's minimum bus bandwidth is derived from it (generators/render/preflight.py).
+    network_gbps: int
     num_vcpus: int
     host_memory_gib: int
 
@@ -166,19 +169,19 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
     for t in (
         # P4 product page: 8x A100 40 GB HBM2, 96 vCPUs, 1152 GiB, 4x 100 Gbps EFA.
         InstanceType(name="p4d.24xlarge", gpu_model="A100", num_gpus=8, gpu_memory_gib=40, num_efa=4,
-                     efa_rdma=True, num_vcpus=96, host_memory_gib=1152),
+                     efa_rdma=True, network_gbps=400, num_vcpus=96, host_memory_gib=1152),
         # P4 product page: 8x A100 80 GB HBM2e, otherwise as p4d.
         InstanceType(name="p4de.24xlarge", gpu_model="A100", num_gpus=8, gpu_memory_gib=80, num_efa=4,
-                     efa_rdma=True, num_vcpus=96, host_memory_gib=1152),
+                     efa_rdma=True, network_gbps=400, num_vcpus=96, host_memory_gib=1152),
         # P5 product page: 8x H100 80 GB HBM3, 192 vCPUs, 2048 GiB, 32x 100 Gbps EFA.
         InstanceType(name="p5.48xlarge", gpu_model="H100", num_gpus=8, gpu_memory_gib=80, num_efa=32,
-                     efa_rdma=True, num_vcpus=192, host_memory_gib=2048),
+                     efa_rdma=True, network_gbps=3200, num_vcpus=192, host_memory_gib=2048),
         # P5 product page: 8x H200 141 GB HBM3e, 192 vCPUs, 2048 GiB, 32x 100 Gbps EFA.
         InstanceType(name="p5e.48xlarge", gpu_model="H200", num_gpus=8, gpu_memory_gib=141, num_efa=32,
-                     efa_rdma=True, num_vcpus=192, host_memory_gib=2048),
+                     efa_rdma=True, network_gbps=3200, num_vcpus=192, host_memory_gib=2048),
         # P5 product page: 8x H200 141 GB HBM3e, 192 vCPUs, 2048 GiB, 16x 200 Gbps EFAv3.
         InstanceType(name="p5en.48xlarge", gpu_model="H200", num_gpus=8, gpu_memory_gib=141, num_efa=16,
-                     efa_rdma=True, num_vcpus=192, host_memory_gib=2048),
+                     efa_rdma=True, network_gbps=3200, num_vcpus=192, host_memory_gib=2048),
     )
 }
 
