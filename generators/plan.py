@@ -4,7 +4,7 @@ For each run, in this order: instance type (the cluster must offer it) -> GPUs p
 instance's) -> nodes (at most the cluster's max_nodes) -> the trainer config (validated by
 trainer.config.from_dict, the one source of truth) -> sharding topology (trainer.config.check_topology)
 -> a memory-fit estimate -> /dev/shm against host memory -> name, rendezvous and per-run paths.
-Every failure is a InputError pointing at the matrix line that set the offending value.
+Every failure is an InputError pointing at the matrix line that set the offending value.
 
 Run names
 ---------
@@ -114,6 +114,9 @@ class Plan:
     est_gpu_memory_gib: float
     # The resolved trainer config (to_dict of it goes into the run's ConfigMap as train.yaml).
     trainer: TrainConfig
+    # The run as the matrix gave it, for run fields that need no resolving (a renderer reads a new run
+    # field here; the resolved values above win where both exist).
+    run: Run
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -301,5 +304,5 @@ def plan_run(matrix: Matrix, run: Run, cache: dict[str, TrainConfig] | None = No
         shard_group_size=shard_size, overlay_dir=f"runs/{cluster.name}/{name}", rdzv_backend=run.rdzv_backend,
         rdzv_endpoint=endpoint, rdzv_id=name, active_deadline_s=run.active_deadline_s,
         shm_size_gib=run.shm_size_gib, est_gpu_memory_gib=round(est, 1),
-        trainer=cfg,
+        trainer=cfg, run=run,
     )

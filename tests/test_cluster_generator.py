@@ -99,6 +99,7 @@ def test_a_wrong_type_fails_the_eksctl_schema(generated, tmp_path):
     assert eksctl_report(bad)["summary"]["invalid"] == 1
 
 
+@pytest.mark.slow
 def test_the_repository_validation_checks_the_committed_configs_against_the_eksctl_schema():
     result = subprocess.run(
         [sys.executable, str(REPO / "generators" / "validate.py"), "--crd-schemas", str(CRDS), "overlays/provisioning"],
@@ -174,6 +175,7 @@ def test_two_reservations_for_a_node_group_fail_naming_the_line_and_the_way_out(
     assert terms == [{"id": RESERVATION}, {"id": "cr-0123456789abcdef1"}]
 
 
+@pytest.mark.slow
 def test_karpenter_replaces_the_gpu_node_groups_and_its_objects_pass_their_crd_schemas(generated_karpenter):
     m = matrix_mod.load(str(MATRIX))
     for name, c in m.clusters.items():

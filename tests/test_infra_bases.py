@@ -21,6 +21,9 @@ from generators.validation import pipeline, schemas
 from trainer.catalog import INSTANCE_TYPES
 from generators.core.gotools import REPO_ROOT, tool
 
+# Builds every base with kustomize and checks it with kubeconform.
+pytestmark = pytest.mark.slow
+
 BASES = ["base/etcd", "base/training-operator", "base/monitoring/controllers", "base/monitoring/configs",
          "base/node-tools", "base/infrastructure/controllers", "base/infrastructure/configs"]
 DCGM_PANEL_METRICS = ["DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_XID_ERRORS",

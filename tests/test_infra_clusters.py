@@ -1,4 +1,4 @@
-"""generators/clusters.py: the per-cluster Flux entry point and infrastructure overlays.
+"""generators/render/flux.py: the per-cluster Flux entry point and infrastructure overlays.
 
 A matrix is rendered by the real generator (plan -> render -> writer) into a copy of base/ in a
 temporary git work tree, and the result goes through the repository's validation pipeline (kustomize
@@ -83,6 +83,7 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, matrix.Matrix]
     return root, make_tree(root)
 
 
+@pytest.mark.slow
 def test_rendered_clusters_validate_with_their_flux_graph(tree: tuple[Path, matrix.Matrix]) -> None:
     root, _ = tree
     report = pipeline.validate(root, crd_dir=schemas.default_crd_dir())
@@ -91,6 +92,7 @@ def test_rendered_clusters_validate_with_their_flux_graph(tree: tuple[Path, matr
     assert report.num_flux_kustomizations == 2 * 4 + 4 + 2
 
 
+@pytest.mark.slow
 def test_the_flux_graph_check_can_fail_on_a_missing_secrets_folder(tmp_path: Path) -> None:
     make_tree(tmp_path)
     shutil.rmtree(tmp_path / "base" / "secrets" / "fsdp-p4de")
@@ -155,6 +157,7 @@ def test_source_is_the_matrix_repository(tree: tuple[Path, matrix.Matrix]) -> No
     assert ssh["spec"]["secretRef"] == {"name": "flux-system"}
 
 
+@pytest.mark.slow
 def test_gpu_workloads_are_pinned_to_the_cluster_instance_types(tree: tuple[Path, matrix.Matrix]) -> None:
     root, m = tree
     for name, cluster in m.clusters.items():
@@ -174,6 +177,7 @@ def test_gpu_workloads_are_pinned_to_the_cluster_instance_types(tree: tuple[Path
         assert all(values == list(cluster.instance_types) for values in pinned.values()), (name, pinned)
 
 
+@pytest.mark.slow
 def test_the_patch_table_covers_every_gpu_workload_of_the_base() -> None:
     docs = built(REPO_ROOT / "base/infrastructure/controllers")
     carrying = set()
@@ -185,6 +189,7 @@ def test_the_patch_table_covers_every_gpu_workload_of_the_base() -> None:
     assert carrying == table
 
 
+@pytest.mark.slow
 def test_a_base_that_breaks_the_contract_fails_the_cluster_build(tmp_path: Path) -> None:
     make_tree(tmp_path)
     ds = tmp_path / "base/node-tools/daemonset-nvtop.yaml"
@@ -197,6 +202,7 @@ def test_a_base_that_breaks_the_contract_fails_the_cluster_build(tmp_path: Path)
     assert "nvtop" in out.stderr or "test" in out.stderr
 
 
+@pytest.mark.slow
 def test_configs_hold_the_run_namespace_and_shared_volume(tree: tuple[Path, matrix.Matrix]) -> None:
     root, _ = tree
     docs = built(root / "overlays/infrastructure/fsdp-p5/configs")
@@ -214,6 +220,7 @@ def test_configs_hold_the_run_namespace_and_shared_volume(tree: tuple[Path, matr
         assert d["metadata"]["annotations"]["kustomize.toolkit.fluxcd.io/prune"] == "disabled"
 
 
+@pytest.mark.slow
 def test_kueue_queues_are_sized_to_the_cluster_when_enabled(tmp_path: Path) -> None:
     m = make_tree(tmp_path)
     configs = tmp_path / "base/infrastructure/configs/kustomization.yaml"
@@ -230,6 +237,7 @@ def test_kueue_queues_are_sized_to_the_cluster_when_enabled(tmp_path: Path) -> N
     }
 
 
+@pytest.mark.slow
 def test_no_training_pod_is_privileged(tree: tuple[Path, matrix.Matrix]) -> None:
     root, _ = tree
     jobs = 0

@@ -26,6 +26,9 @@ import yaml
 from generators import matrix, plan
 from generators.core.gotools import REPO_ROOT, tool
 
+# Starts real etcd servers and torchrun processes.
+pytestmark = pytest.mark.slow
+
 ETCD_DEPLOYMENT = REPO_ROOT / "base" / "etcd" / "deployment.yaml"
 ETCD_SERVICE = REPO_ROOT / "base" / "etcd" / "service.yaml"
 # Flags of base/etcd that name the pod's addresses and paths; the test substitutes its own.

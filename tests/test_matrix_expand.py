@@ -30,7 +30,7 @@ def test_product_is_in_axis_order_with_the_last_axis_fastest():
 def test_defaults_fill_every_run_and_code_defaults_fill_the_rest():
     run = runs_of(GOOD)[0]
     assert run.trainer == {"data": {"path": "/shared/data/samsum/train.jsonl"}}
-    # Documented run-field defaults (generators/matrix.py RUN_FIELDS).
+    # Documented run-field defaults (generators/matrix/schema.py).
     assert (run.instance_type, run.gpus_per_node, run.rdzv_backend, run.rev, run.name) == ("", 0, "c10d", 0, "")
     assert (run.active_deadline_s, run.shm_size_gib) == (86400, 64)
 

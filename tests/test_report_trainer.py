@@ -15,6 +15,9 @@ from click.testing import CliRunner
 from generators.report import main
 from generators.results.measurements import load, summarise
 
+# Trains real runs through torchrun first.
+pytestmark = pytest.mark.slow
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STEPS = 6
 WARMUP_LOGS = 3

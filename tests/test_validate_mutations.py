@@ -7,6 +7,8 @@ directory the CLI uses). The clean tree must pass; each mistake must fail naming
 """
 from __future__ import annotations
 
+import pytest
+
 import copy
 import json
 import subprocess
@@ -20,6 +22,9 @@ from click.testing import CliRunner
 from generators.core.gotools import REPO_ROOT
 from generators.validation import pipeline, schemas
 from generators.validate import main as validate_main
+
+# Every case runs the real validation (kustomize, kubeconform) over a tree.
+pytestmark = pytest.mark.slow
 
 CRD_DIR = schemas.default_crd_dir()
 

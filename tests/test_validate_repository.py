@@ -1,8 +1,13 @@
 """The committed repository passes the validation pipeline (what CI and tools/test.sh run)."""
 from __future__ import annotations
 
+import pytest
+
 from generators.core.gotools import REPO_ROOT
 from generators.validation import pipeline, schemas
+
+# kustomize and kubeconform over the whole repository.
+pytestmark = pytest.mark.slow
 
 
 def test_the_repository_validates():
