@@ -49,6 +49,64 @@ def time_steps(step: Callable[[int], None], num_warmup: int, num_steps: int) -> 
     return times
 
 
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def _length(intervals: list[tuple[float, float]]) -> float:
+    return sum(end - start for start, end in intervals)
+
+
+def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Total length of the intersection of two unions of disjoint intervals."""
+    total, i, j = 0.0, 0, 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        total += max(0.0, hi - lo)
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def breakdown_from_kernels(kernels: list[tuple[str, float, float]], wall: float, num_steps: int) -> dict:
+    """Milliseconds per step from GPU kernels (name, start, end in microseconds) over `wall` microseconds:
+    compute (non-communication kernels, optimizer included), optimizer (its kernels alone), communication
+    (NCCL kernels), communication exposed (NCCL time with no compute kernel running), idle (no kernel)."""
+    comm = _union([(s, e) for n, s, e in kernels if "nccl" in n.lower()])
+    compute = _union([(s, e) for n, s, e in kernels if "nccl" not in n.lower()])
+    optim = _union([(s, e) for n, s, e in kernels if "nccl" not in n.lower()
+                    and any(k in n.lower() for k in ("adam", "multi_tensor", "foreach"))])
+    busy = _length(_union(comm + compute))
+    ms = lambda us: us / 1000 / num_steps  # noqa: E731
+    return {"step": ms(wall), "compute": ms(_length(compute)), "optimizer": ms(_length(optim)),
+            "communication": ms(_length(comm)), "communication_exposed": ms(_length(comm) - _overlap(comm, compute)),
+            "idle": ms(wall - busy)}
+
+
+def profile_breakdown(step: Callable[[int], None], num_steps: int) -> dict:
+    """Run num_steps more steps under torch.profiler; where the GPU time of rank 0 went, per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for i in range(num_steps):
+            step(10_000 + i)
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) * 1e6
+    kernels = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+               if e.device_type == torch.autograd.DeviceType.CUDA]
+    return breakdown_from_kernels(kernels, wall, num_steps)
+
+
 def summarise(*, name: str, config: dict, step_times: list[float], tokens_per_step_per_gpu: int,
               flops_per_token: float, peak_flops: float) -> dict:
     median = statistics.median(step_times)

@@ -5,6 +5,9 @@
 #   bash benchmarks/h200x2.sh suite7b     # Llama-2-7B on 2 GPUs: FSDP1 baseline, bf16, fp8, strategies
 #   bash benchmarks/h200x2.sh models      # 1-GPU 7B, Llama-3.1-8B and Llama-2-13B on 2 GPUs, 2 agents
 #   bash benchmarks/h200x2.sh parity      # bf16 against fp8 loss curves, one GPU each, side by side
+#   bash benchmarks/h200x2.sh accum       # 4 micro-batches per step: one gradient reduction or four
+#   bash benchmarks/h200x2.sh profile     # where the time goes (compute, exposed communication, idle)
+#   bash benchmarks/h200x2.sh memory      # peak memory of further shapes (13B fp8, sequence 8192)
 set -uo pipefail
 out="${OUT:-/tmp/h200x2}"
 mkdir -p "$out"
@@ -27,6 +30,15 @@ for stage in "$@"; do
       suite --gpus 2 --nodes 2 --out "$out/h200x2-nodes2.jsonl" --only default,default-hybrid-shard ;;
     parity)
       python3 benchmarks/fp8_parity.py --out "$out/parity" ;;
+    accum)
+      suite --gpus 2 --out "$out/h200x2-accum.jsonl" --only default-accum4-sync-last,default-accum4-sync-every ;;
+    profile)
+      python3 -m torch.distributed.run --standalone --nproc_per_node=2 benchmarks/train_bench.py --warmup 3 \
+        --steps 6 --profile 3 --name default-fp8-shard-grad-op-profile --set parallelism.precision=fp8 \
+        --set parallelism.sharding_strategy=SHARD_GRAD_OP --json "$out/h200x2-profile.jsonl" ;;
+    memory)
+      suite --gpus 2 --model llama2-13b --out "$out/h200x2-memory.jsonl" --only default-fp8
+      suite --gpus 2 --seq-len 8192 --batch-size 1 --out "$out/h200x2-memory.jsonl" --only default ;;
     *) echo "unknown stage $stage" >&2; exit 2 ;;
   esac
 done

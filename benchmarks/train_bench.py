@@ -42,13 +42,15 @@ def bench_config(model: str, seq_len: int, batch_size: int, overrides: tuple[str
 @click.option("--steps", default=10, show_default=True, help="Timed steps.")
 @click.option("--name", default="trainer", show_default=True, help="Label of this configuration.")
 @click.option("--json", "json_path", default=None, help="Append the result as a JSON line here.")
+@click.option("--profile", "profile_steps", default=0, show_default=True,
+              help="After timing, profile this many steps and add where the GPU time went to the result.")
 def main(model_name: str, seq_len: int, batch_size: int, overrides: tuple[str, ...], warmup: int, steps: int,
-         name: str, json_path: str | None) -> None:
+         name: str, json_path: str | None, profile_steps: int) -> None:
     """Time the trainer's optimizer step on synthetic tokens."""
     import torch
     import torch.distributed as dist
 
-    from benchmarks.common import emit, summarise, time_steps
+    from benchmarks.common import emit, profile_breakdown, summarise, time_steps
     from trainer import model as modeling
     from trainer.catalog import peak_flops_for
     from trainer.data import ShardedSampler, SyntheticDataset
@@ -77,6 +79,7 @@ def main(model_name: str, seq_len: int, batch_size: int, overrides: tuple[str, .
         train_step(model, optimizer, batches, cfg.training, env.world_size, cfg.parallelism.grad_sync)
 
     times = time_steps(step, warmup, steps)
+    breakdown = profile_breakdown(step, profile_steps) if profile_steps and device.type == "cuda" else None
     arch = MODELS[model_name]
     resolved = to_dict(cfg)
     config = {"model": model_name, "seq_len": seq_len, "batch_size_per_gpu": batch_size,
@@ -89,6 +92,10 @@ def main(model_name: str, seq_len: int, batch_size: int, overrides: tuple[str, .
                        tokens_per_step_per_gpu=batch_size * seq_len * accum,
                        flops_per_token=arch.flops_per_token(seq_len),
                        peak_flops=peak_flops_for(torch.cuda.get_device_name()) if device.type == "cuda" else 0.0)
+    if breakdown:
+        result["profile"] = breakdown
+        if env.rank == 0:
+            print("  profile (ms per step): " + ", ".join(f"{k} {v:.1f}" for k, v in breakdown.items()))
     emit(result, json_path)
     dist.destroy_process_group()
 
