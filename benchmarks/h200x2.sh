@@ -7,6 +7,7 @@
 #   bash benchmarks/h200x2.sh parity      # bf16 against fp8 loss curves, one GPU each, side by side
 #   bash benchmarks/h200x2.sh accum       # 4 micro-batches per step: one gradient reduction or four
 #   bash benchmarks/h200x2.sh profile     # where the time goes (compute, exposed communication, idle)
+#   bash benchmarks/h200x2.sh tune        # the two fastest configurations with bf16 AdamW moments
 #   bash benchmarks/h200x2.sh memory      # peak memory of further shapes (13B fp8, sequence 8192)
 set -uo pipefail
 out="${OUT:-/tmp/h200x2}"
@@ -36,6 +37,9 @@ for stage in "$@"; do
       python3 -m torch.distributed.run --standalone --nproc_per_node=2 benchmarks/train_bench.py --warmup 3 \
         --steps 6 --profile 3 --name default-fp8-shard-grad-op-profile --set parallelism.precision=fp8 \
         --set parallelism.sharding_strategy=SHARD_GRAD_OP --json "$out/h200x2-profile.jsonl" ;;
+    tune)
+      suite --gpus 2 --set training.bf16_optimizer_state=true --out "$out/h200x2-bf16-moments.jsonl" \
+        --only default-shard-grad-op,default-fp8-shard-grad-op ;;
     memory)
       suite --gpus 2 --model llama2-13b --out "$out/h200x2-memory.jsonl" --only default-fp8
       suite --gpus 2 --seq-len 8192 --batch-size 1 --out "$out/h200x2-memory.jsonl" --only default ;;
