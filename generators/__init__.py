@@ -6,7 +6,7 @@
     report.py    benchmark and trainer results -> scaling table and charts
 
     matrix/      schema, strict loader and expansion of the experiment matrix
-    plan.py      runs -> per-cluster plans (catalogs, names, memory fit)
+    plan/        runs -> per-cluster plans (catalogs, names, memory fit); speed, cost and the --plan table
     render/      plans -> manifests (runs, Flux entries, provisioning), pure
     validation/  the validation pipeline and its checks
     results/     the report's core

@@ -33,7 +33,7 @@ Rules, in the order they apply:
 5. Include: each entry laid over `defaults` is one more run.
 Values are checked where they are written: types and ranges of run fields and known cluster, model
 and instance type names at load; the trainer section's values by trainer.config.from_dict when the
-run is planned (generators/plan.py), mapped back to the line that set them.
+run is planned (generators/plan/), mapped back to the line that set them.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Plans -> {path relative to the output directory: manifest}: pure functions, no I/O.
 
-Each renderer takes one cluster's plan (generators/plan.py ClusterPlan) and a Layout (where the output
+Each renderer takes one cluster's plan (generators/plan/ ClusterPlan) and a Layout (where the output
 sits in the repository), never the matrix: runs.py writes a run's overlay, flux.py a cluster's Flux
 entry and infrastructure overlays, provisioning.py a cluster's eksctl (and Karpenter) definitions.
 """

@@ -141,13 +141,14 @@ def plan(matrix: Matrix, runs: Sequence[Run]) -> list[ClusterPlan]:
             for name, c in matrix.clusters.items()]
 
 
-def plan_runs(matrix: Matrix, runs: Sequence[Run]) -> list[Plan]:
-    """Plan every run in order; two runs with the same name are an error."""
+def plan_runs(matrix: Matrix, runs: Sequence[Run], *, reject_unfit: bool = True) -> list[Plan]:
+    """Plan every run in order; two runs with the same name are an error. `reject_unfit=False` plans
+    a run that cannot fit as well (`expand.py --plan` refuses it with a fix instead)."""
     plans: list[Plan] = []
     seen: dict[str, Run] = {}
     cache: dict[str, TrainConfig] = {}
     for run in runs:
-        p = plan_run(matrix, run, cache)
+        p = plan_run(matrix, run, cache, reject_unfit=reject_unfit)
         first = seen.get(p.name)
         if first is not None:
             raise InputError(
@@ -214,7 +215,8 @@ def _trainer_fix(key: str) -> str:
     return f"correct trainer.{key} (the trainer's keys and values are defined in trainer/config.py)"
 
 
-def plan_run(matrix: Matrix, run: Run, cache: dict[str, TrainConfig] | None = None) -> Plan:
+def plan_run(matrix: Matrix, run: Run, cache: dict[str, TrainConfig] | None = None, *,
+             reject_unfit: bool = True) -> Plan:
     """Resolve one run (see the module docstring for the order of checks)."""
     cluster = matrix.clusters[run.cluster]
 
@@ -273,7 +275,7 @@ def plan_run(matrix: Matrix, run: Run, cache: dict[str, TrainConfig] | None = No
     readable = readable_name(run, family, gpus, instance.num_gpus, par.sharding_strategy)
     cfg = resolve_auto(arch, cfg, shard_size, instance.gpu_memory_gib)
     est = estimate_peak_gib(arch, cfg, shard_size)
-    if not fits(est, instance.gpu_memory_gib):
+    if reject_unfit and not fits(est, instance.gpu_memory_gib):
         raise _fail(matrix, run, "nodes",
                     f"{run.model} needs about {est:.0f} GiB per GPU with {par.sharding_strategy} over "
                     f"{shard_size} GPUs, but {instance_name} GPUs have {instance.gpu_memory_gib} GiB "
