@@ -8,6 +8,8 @@ selector and required node affinity. So, per cluster:
   taints) and each NodePool of `provisioning/<cluster>/karpenter/` (template labels and taints, one
   node per instance type its requirements allow). A cluster whose provisioning files define no
   node is not checked: its nodes are unknown (generators/cluster.py writes them for every cluster of the matrix);
+- the jobs: every pod template of the cluster's runs and infrastructure that requests an extended
+  resource (the PyTorchJobs, the NCCL pre-flight Jobs);
 - the nodes a job selects: those matching its node selector and required node affinity and whose
   NoSchedule/NoExecute taints it tolerates (a job that selects none is a problem of its own);
 - for every extended resource the job's containers request, a DaemonSet in that cluster's
@@ -91,6 +93,9 @@ def selects(pod: Mapping[str, Any], node: Node) -> bool:
 
 
 def cluster_of(path: str) -> tuple[str, str] | None:
+    """('runs' | 'infrastructure' | 'provisioning', cluster) of a generated path; None for base/ and the rest."""
+    if path.startswith("base/"):
+        return None
     m = CLUSTER_PATH.search(path)
     return (m.group("area"), m.group("cluster")) if m else None
 
@@ -149,9 +154,9 @@ def check_device_plugins(units: Sequence[tuple[str, Sequence[Doc]]],
     infra: dict[str, list[Doc]] = {}
     for path, docs in units:
         where = cluster_of(path)
-        if where and where[0] == "runs":
+        if where and where[0] in ("runs", "infrastructure"):
             jobs.setdefault(where[1], []).extend(docs)
-        elif where and where[0] == "infrastructure":
+        if where and where[0] == "infrastructure":
             infra.setdefault(where[1], []).extend(docs)
     nodes: dict[str, list[Node]] = {}
     for file, docs in provisioning.items():

@@ -14,18 +14,20 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from generators.core.errors import InputError
 from generators.core.gotools import REPO_ROOT, tool
+from generators.validation.device_plugins import check_device_plugins
 from generators.validation.fluxgraph import check_flux
 from generators.validation.index import Build, RepoIndex, repo_files
 from generators.validation.manifests import FLUX_KUSTOMIZATION, Doc, Problem, gvk, is_manifest, meta, norm, obj_name, under
 from generators.validation.schemas import (CORE_SCHEMA_TEMPLATE, CRD_SCHEMA_TEMPLATE, CRD_SCHEMAS_ENV, K8S_VERSION,
                                            NON_CLUSTER_SCHEMAS, SCHEMA_CACHE, Unit, kubeconform_units,
                                            prepare_core_schemas)
+from generators.validation.readability import check_readability
 from generators.validation.semantics import Blame, check_jobs, check_objects
 
 # Checks run on the documents of every unit (one kustomize build, or one plain manifest file); `blame`
 # names the input file that set a field of a document.
 ObjectCheck = Callable[[Sequence[Doc], Blame], list[Problem]]
-OBJECT_CHECKS: list[ObjectCheck] = [check_objects]
+OBJECT_CHECKS: list[ObjectCheck] = [check_objects, check_readability]
 
 
 @dataclass
@@ -121,6 +123,8 @@ def validate(root: Path, paths: Sequence[str] = (), *, crd_dir: Path, k8s_versio
     p, num_jobs = check_jobs([(u.docs, blame) for u, blame in zip(units, blames)
                               if u.build is None or u.build.dir not in used_as_base])
     problems += p
+    # Across the units of each cluster: runs against its device plugins and its provisioned nodes.
+    problems += check_device_plugins([(u.label, u.docs) for u in units], {f: repo.docs[f] for f in repo.yaml_files})
 
     return Report(collapse(problems),
                   num_yaml_files=sum(1 for f in repo.yaml_files if in_scope(f)), num_builds=len(to_build),
