@@ -24,8 +24,8 @@
    holds, else fails the job. That is why torchrun runs in this process instead of being exec'ed.
 
 torchrun gives its workers 30 s after forwarding SIGTERM, then kills them; a large model's checkpoint
-takes longer. FSDP_TERM_GRACE_S (default 30) sets that time: keep it under the pod's
-terminationGracePeriodSeconds.
+takes longer. FSDP_TERM_GRACE_S (default 30) sets that time after a signal: keep it a little under the
+pod's terminationGracePeriodSeconds (the kubelet kills the whole pod then).
 """
 from __future__ import annotations
 
@@ -118,14 +118,26 @@ def wait_for_rendezvous(argv: Sequence[str]) -> None:
 
 
 def _extend_worker_grace(grace_s: float) -> None:
-    """Let torchrun wait `grace_s` (not its fixed 30 s) for workers to exit after it forwards a signal."""
+    """Let torchrun wait `grace_s` (not its fixed 30 s) for workers to exit after it forwards a signal.
+
+    Only after a signal: torchrun also stops the surviving workers when one fails (before a restart),
+    and those may be stuck in a collective with the dead one; they should not hold up the restart.
+    torchrun registers `_terminate_process_handler` by its module-level name when it starts workers.
+    """
     from torch.distributed.elastic.multiprocessing import api
 
+    signalled: list[int] = []
+    handler = api._terminate_process_handler
     close = api.PContext.close
 
-    def close_with_grace(self, death_sig=None, timeout=30):
-        return close(self, death_sig, max(timeout, grace_s))
+    def remember(signum, frame):
+        signalled.append(signum)
+        handler(signum, frame)
 
+    def close_with_grace(self, death_sig=None, timeout=30):
+        return close(self, death_sig, max(timeout, grace_s) if signalled else timeout)
+
+    api._terminate_process_handler = remember
     api.PContext.close = close_with_grace
 
 
