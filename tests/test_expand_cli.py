@@ -38,7 +38,8 @@ def test_write_creates_one_overlay_per_run_and_check_is_clean(good):
     matrix, out = good
     assert len(run_dirs(out)) == 4
     for d in (out / "runs" / "fsdp-p5").iterdir():
-        assert sorted(f.name for f in d.iterdir()) == ["kustomization.yaml", "pytorchjob.run.yaml", "train.yaml"]
+        assert sorted(f.name for f in d.iterdir()) == ["kustomization.yaml", "pytorchjob.run.yaml", "rbac.yaml",
+                                                        "train.yaml"]
     result = invoke(str(matrix), "--out", str(out), "--check")
     assert result.exit_code == 0, result.output
     assert result.stdout == ""
@@ -76,7 +77,7 @@ def test_check_names_missing_and_stale_files(good):
     result = invoke(str(matrix), "--out", str(out), "--check")
     assert result.exit_code == 1
     kinds = sorted(line.split(":")[0] for line in result.stdout.splitlines())
-    assert kinds.count("stale") == 6  # two removed runs x three files
+    assert kinds.count("stale") == 8  # two removed runs x four files
     assert any(line.startswith("missing:") and line.endswith("kustomization.yaml") for line in result.stdout.splitlines())
 
 
@@ -87,7 +88,7 @@ def test_stale_run_directories_are_deleted_and_other_files_kept(good):
     result = invoke(str(matrix), "--out", str(out))
     assert result.exit_code == 0, result.output
     assert [d.split("-p5")[0] for d in run_dirs(out)] == ["llama2-7b", "llama2-7b"]
-    assert "6 stale deleted" in result.stderr
+    assert "8 stale deleted" in result.stderr
     assert (out / "NOTES.md").read_text() == "not generated\n"
     # A directory that is not empty after the deletion (a hand-made file in it) stays, with that file.
     keep = out / "runs" / "fsdp-p5" / run_dirs(out)[0] / "notes.txt"

@@ -42,7 +42,7 @@ def test_golden_overlays_match():
     assert not changes.all(), (
         f"golden overlays differ: {changes.all()}; if the change is intended run: "
         "UPDATE_GOLDEN=1 python -m pytest tests/test_expand_golden.py")
-    assert len(expected) == 4 * 3
+    assert len(expected) == 4 * 4  # kustomization, patch, train.yaml, rbac.yaml per run
 
 
 @functools.lru_cache(maxsize=None)
@@ -65,7 +65,7 @@ def golden_runs() -> list[Path]:
 def job_and_config(overlay: Path) -> tuple[dict, dict, dict]:
     docs = build(overlay)
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["ConfigMap", "PyTorchJob"]
+    assert kinds == ["ConfigMap", "PyTorchJob", "Role", "RoleBinding", "ServiceAccount"]
     job = next(d for d in docs if d["kind"] == "PyTorchJob")
     cm = next(d for d in docs if d["kind"] == "ConfigMap")
     return job, cm, yaml.safe_load(cm["data"]["train.yaml"])
@@ -106,6 +106,15 @@ def test_every_golden_overlay_builds_into_the_run_it_describes():
         env = {e["name"]: e["value"] for e in c["env"]}
         assert env["HF_TOKEN_FILE"] == "/etc/hf-token/token"
         assert (env["FI_PROVIDER"], env["FI_EFA_USE_DEVICE_RDMA"]) == ("efa", "1")
+        # The pods' ServiceAccount may only patch the run's own pods (progress annotations).
+        docs = {d["kind"]: d for d in build(overlay)}
+        assert pod["serviceAccountName"] == docs["ServiceAccount"]["metadata"]["name"] == name
+        (rule,) = docs["Role"]["rules"]
+        assert rule == {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"],
+                        "resourceNames": [f"{name}-worker-{i}" for i in range(worker["replicas"])]}
+        assert docs["RoleBinding"]["subjects"] == [{"kind": "ServiceAccount", "name": name,
+                                                    "namespace": job["metadata"]["namespace"]}]
+        assert docs["RoleBinding"]["roleRef"]["name"] == docs["Role"]["metadata"]["name"]
 
 
 @pytest.mark.slow

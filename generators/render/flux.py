@@ -9,6 +9,8 @@ For a cluster `<c>` of the matrix, paths relative to the output directory (overl
     infrastructure/<c>/controllers/    base/infrastructure/controllers + GPU instance-type patches
     infrastructure/<c>/configs/        base/infrastructure/configs + run Namespace + PVC fsdp-shared
                                        (+ patches that size the optional Kueue queues to the cluster)
+                                       + preflight-<family>/: the NCCL pre-flight Job of each GPU
+                                       instance type (generators/render/preflight.py)
 
 `flux bootstrap ... --path=overlays/clusters/<c>` makes Flux apply clusters/<c>/; the objects there
 pull in the rest, in this order (each `dependsOn` waits for the Ready condition of the one before):
@@ -49,6 +51,7 @@ from generators.core.writer import JsonPatch
 from generators.matrix.schema import Cluster, GitSource
 from generators.plan import ClusterPlan, Plan
 from generators.render.layout import Layout
+from generators.render.preflight import preflight_dir, render_preflight
 from trainer.catalog import INSTANCE_TYPES
 
 FLUX_NAMESPACE = "flux-system"
@@ -94,12 +97,13 @@ def render_cluster(plan: ClusterPlan, layout: Layout) -> dict[str, Any]:
         f"clusters/{c}/sources.yaml": git_repository(plan.source, layout),
         f"clusters/{c}/infrastructure.yaml": infrastructure_kustomizations(c, layout),
         f"infrastructure/{c}/controllers/kustomization.yaml": controllers_kustomization(c, layout),
-        f"infrastructure/{c}/configs/kustomization.yaml": configs_kustomization(c, layout),
+        f"infrastructure/{c}/configs/kustomization.yaml": configs_kustomization(cluster, layout),
         f"infrastructure/{c}/configs/namespace.yaml": run_namespace(cluster),
         f"infrastructure/{c}/configs/pvc.yaml": shared_pvc(cluster),
         f"infrastructure/{c}/configs/clusterqueue.quota.yaml": kueue_quota_patch(cluster),
         f"infrastructure/{c}/configs/localqueue.namespace.yaml": kueue_namespace_patch(cluster),
     }
+    out.update(render_preflight(cluster, layout))
     for _, pointer, patch_file in GPU_WORKLOADS:
         # The two DaemonSets share one pointer, hence one file.
         out[f"infrastructure/{c}/controllers/{patch_file}"] = instance_type_patch(cluster, pointer)
@@ -205,17 +209,19 @@ def kueue_quota(cluster: Cluster) -> tuple[int, int]:
     return gpus, efa
 
 
-def configs_kustomization(c: str, layout: Layout) -> dict[str, Any]:
-    """base/infrastructure/configs + the run namespace and the shared volume.
+def configs_kustomization(cluster: Cluster, layout: Layout) -> dict[str, Any]:
+    """base/infrastructure/configs + the run namespace, the shared volume and the pre-flight Jobs.
 
     The two patches size the optional Kueue queues (base/components/kueue/queues) to this cluster;
     while that component is not enabled they match nothing and change nothing.
     """
+    c = cluster.name
     return {
         "apiVersion": KUSTOMIZE_API,
         "kind": "Kustomization",
         "resources": [layout.to_repo(f"infrastructure/{c}/configs", "base/infrastructure/configs"), "namespace.yaml",
-                      "pvc.yaml"],
+                      "pvc.yaml",
+                      *(preflight_dir(cluster, INSTANCE_TYPES[t]).rsplit("/", 1)[1] for t in cluster.instance_types)],
         "patches": [
             {"path": "clusterqueue.quota.yaml",
              "target": {"group": "kueue.x-k8s.io", "kind": "ClusterQueue", "name": KUEUE_QUEUE}},

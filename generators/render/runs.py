@@ -9,7 +9,10 @@ One kustomize overlay per run, in runs/<cluster>/<run>/:
   list). It starts with `test` operations on the list positions it patches, so a reordered base fails
   the build instead of patching the wrong entry;
 - train.yaml: the fully resolved trainer config (trainer.config.to_dict), which the pods read from
-  /etc/fsdp/train.yaml.
+  /etc/fsdp/train.yaml;
+- rbac.yaml: ServiceAccount `<run>` the pods run as, and a Role and RoleBinding `<run>-progress` that
+  allow it exactly one thing: `patch` on the run's own pods, by name (`<run>-worker-<i>`, the names the
+  Training Operator gives them), which trainer/progress.py needs to write the progress annotations.
 The per-cluster Flux entry and infrastructure overlays come from generators/render/flux.py.
 """
 from __future__ import annotations
@@ -98,6 +101,8 @@ def pytorchjob_patch(p: Plan) -> JsonPatch:
         {"op": "replace", "path": f"{_POD}/nodeSelector/{_ptr('node.kubernetes.io/instance-type')}",
          "value": p.instance_type},
         {"op": "replace", "path": f"{_CONTAINER}/command", "value": torchrun_command(p)},
+        # The run's own ServiceAccount (rbac.yaml): it may only annotate the run's pods.
+        {"op": "add", "path": f"{_POD}/serviceAccountName", "value": p.name},
     ]
     for var in efa_env(p):
         ops.append({"op": "add", "path": f"{_CONTAINER}/env/-", "value": var})
@@ -114,12 +119,27 @@ def pytorchjob_patch(p: Plan) -> JsonPatch:
     return JsonPatch(tuple(ops))
 
 
+def progress_rbac(p: Plan) -> list[dict[str, Any]]:
+    """The run's ServiceAccount and the least privilege its progress annotations need."""
+    name, role = p.name, f"{p.name}-progress"
+    meta = lambda n: {"name": n, "namespace": p.namespace}  # noqa: E731
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(name)},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta(role),
+         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"],
+                    "resourceNames": [f"{name}-worker-{i}" for i in range(p.nodes)]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta(role),
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": p.namespace}]},
+    ]
+
+
 def kustomization(p: Plan, base_ref: str) -> dict[str, Any]:
     return {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "namespace": p.namespace,
-        "resources": [base_ref],
+        "resources": [base_ref, "rbac.yaml"],
         # Metadata labels of the job and the ConfigMap (the pod labels come with the patch).
         "labels": [{"pairs": run_labels(p)}],
         "configMapGenerator": [{
@@ -140,4 +160,5 @@ def render_run(p: Plan, layout: Layout) -> dict[str, Any]:
         f"{p.overlay_dir}/kustomization.yaml": kustomization(p, layout.to_repo(p.overlay_dir, BASE_PYTORCHJOB)),
         f"{p.overlay_dir}/pytorchjob.run.yaml": pytorchjob_patch(p),
         f"{p.overlay_dir}/train.yaml": to_dict(p.trainer),
+        f"{p.overlay_dir}/rbac.yaml": progress_rbac(p),
     }
