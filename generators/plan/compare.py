@@ -1,0 +1,124 @@
+"""`expand.py --plan --base REF`: the plan of this change against the plan of another commit's matrix.
+
+The matrix file is read at REF with git (`git show REF:<the same path>`) and planned by this code
+with this price table and speed model, so the difference shows what the matrix change does, not
+what a model change does. Runs are matched by cluster and the readable part of their name (model,
+instance family, nodes, strategy, rev: everything but the configuration hash): a run in both with
+another hash is changed, and the keys that differ are listed; the rest are added or removed. A
+matrix that does not exist at REF counts as no runs (a pull request that adds it). An unknown REF or
+a path outside a git repository is bad input (--base).
+"""
+from __future__ import annotations
+
+import math
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from generators.core.errors import InputError
+from generators.matrix import Matrix, Run, expand, load
+from generators.plan import plan_runs
+from generators.plan.cost import load_prices
+from generators.plan.estimate import (PLAN_HEADER, MatrixEstimate, RunEstimate, estimate_matrix, markdown_table,
+                                      plan_markdown, plan_rows)
+
+BASE_FIX = "pass a commit, branch or tag of this repository (e.g. origin/main; in CI fetch it first)"
+
+
+def _git(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False)
+
+
+def matrix_at(ref: str, matrix_path: str) -> tuple[str, str | None]:
+    """(`REF:path` naming the file there, its text or None when it does not exist at REF)."""
+    path = Path(matrix_path).resolve()
+    top = _git(path.parent, "rev-parse", "--show-toplevel")
+    if top.returncode != 0:
+        raise InputError(f"{matrix_path} is not inside a git repository", key="--base", fix=BASE_FIX)
+    root = Path(top.stdout.strip())
+    if _git(root, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}").returncode != 0:
+        raise InputError(f"{ref!r} is not a commit of {root.name}", key="--base", fix=BASE_FIX)
+    rel = path.relative_to(root.resolve()).as_posix()
+    shown = _git(root, "show", f"{ref}:{rel}")
+    return f"{ref}:{rel}", shown.stdout if shown.returncode == 0 else None
+
+
+def identity(r: RunEstimate) -> tuple[str, str]:
+    return r.cluster, r.name.rsplit("-", 1)[0]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Change:
+    old: RunEstimate
+    new: RunEstimate
+    differences: tuple[str, ...]  # "key: old -> new"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanDiff:
+    base: str  # the REF as given
+    old: MatrixEstimate | None
+    new: MatrixEstimate
+    added: tuple[RunEstimate, ...]
+    removed: tuple[RunEstimate, ...]
+    changed: tuple[Change, ...]
+
+
+def _differences(a: dict[str, Any], b: dict[str, Any]) -> tuple[str, ...]:
+    keys = sorted(set(a) | set(b))
+    return tuple(f"{k}: {a.get(k, '-')} -> {b.get(k, '-')}" for k in keys if a.get(k) != b.get(k))
+
+
+def diff(base: str, old: MatrixEstimate | None, new: MatrixEstimate) -> PlanDiff:
+    before = {identity(r): r for r in (old.runs if old else ())}
+    after = {identity(r): r for r in new.runs}
+    changed = tuple(Change(old=before[k], new=r, differences=_differences(before[k].settings, r.settings))
+                    for k, r in after.items() if k in before and before[k].name != r.name)
+    return PlanDiff(base=base, old=old, new=new,
+                    added=tuple(r for k, r in after.items() if k not in before),
+                    removed=tuple(r for k, r in before.items() if k not in after), changed=changed)
+
+
+def _sum(runs: tuple[RunEstimate, ...]) -> tuple[int, float, float]:
+    kept = [r for r in runs if r.refusal is None]
+    gpu_hours = sum(0.0 if math.isnan(r.figures.gpu_hours) else r.figures.gpu_hours for r in kept)
+    return len(kept), gpu_hours, sum(r.figures.cost_usd or 0.0 for r in kept)
+
+
+def diff_markdown(d: PlanDiff) -> str:
+    n0, g0, c0 = _sum(d.old.runs) if d.old else (0, 0.0, 0.0)
+    n1, g1, c1 = _sum(d.new.runs)
+    lines = [f"### Plan difference against {d.base}", "",
+             markdown_table(("", "runs", "GPU-hours", "cost, USD"), [
+                 [f"{d.base}" + ("" if d.old else " (no matrix there)"), str(n0), f"{g0:,.1f}", f"{c0:,.2f}"],
+                 ["this change", str(n1), f"{g1:,.1f}", f"{c1:,.2f}"],
+                 ["difference", f"{n1 - n0:+d}", f"{g1 - g0:+,.1f}", f"{c1 - c0:+,.2f}"]]), ""]
+    lines.append(f"Added: {len(d.added)}, removed: {len(d.removed)}, changed: {len(d.changed)} "
+                 "(refused runs count in no total).")
+    if d.added:
+        lines += ["", "Added:", "", markdown_table(PLAN_HEADER, plan_rows(d.added))]
+    if d.removed:
+        lines += ["", "Removed:", "", markdown_table(PLAN_HEADER, plan_rows(d.removed))]
+    if d.changed:
+        lines += ["", "Changed:"]
+        for c in d.changed:
+            lines.append(f"- {c.old.name} -> {c.new.name}: " + "; ".join(c.differences))
+    lines += ["", "<details><summary>The whole plan of this change</summary>", "", plan_markdown(d.new).rstrip(),
+              "", "</details>"]
+    return "\n".join(lines) + "\n"
+
+
+def plan_output(matrix_file: str, matrix: Matrix, runs: list[Run], base: str | None,
+                prices_file: str | None) -> tuple[str, int]:
+    """(the Markdown `expand.py --plan [--base REF]` prints, how many runs are refused)."""
+    prices = load_prices(prices_file, prices_file)
+    new = estimate_matrix(matrix, plan_runs(matrix, runs, reject_unfit=False), prices)
+    if base is None:
+        return plan_markdown(new), len(new.refused)
+    label, text = matrix_at(base, matrix_file)
+    old = None
+    if text is not None:
+        before = load(label, text)
+        old = estimate_matrix(before, plan_runs(before, expand(before), reject_unfit=False), prices)
+    return diff_markdown(diff(base, old, new)), len(new.refused)

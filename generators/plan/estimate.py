@@ -1,0 +1,385 @@
+"""What every run of a matrix will need and cost, before it runs: the table `expand.py --plan` prints.
+
+Per run: world size; peak GPU memory per GPU (trainer/memory.py) against the GPU's; host memory
+per node while the weights load against the GPUs' share of the host; tokens/s per GPU, step and
+hours (speed.py); GPU-hours; cost from the price table (cost.py). Totals per cluster.
+
+A run that cannot fit (its memory estimate above the bound `auto` uses, trainer.memory.fits, or its
+loading above the host memory) is refused with the reason and the cheapest change that fixes it:
+of the changes below, every one that makes the run fit is planned, and the one with the lowest
+predicted cost wins (GPU-hours where the instance has no price):
+- more nodes: the fewest up to the cluster's max_nodes;
+- activation checkpointing: selective, then full, where the run fixed a mode that recomputes less;
+- a larger HYBRID_SHARD group (doubling up to the world), or FULL_SHARD instead of NO_SHARD or
+  SHARD_GRAD_OP;
+- fp8 with the float8 all-gather (the gathered decoder weights take 1 byte instead of 2);
+- a smaller batch per GPU, with gradient accumulation keeping the global batch where it divides.
+
+Host memory while loading, per node: every rank holds its shard of the bf16 weights (trainer/model.py
+reads each rank's rows only), one full fp32 tensor in flight (random initialisation draws whole
+tensors), and RANK_HOST_BASE_GIB for the process itself (torch, CUDA and NCCL host state; an
+assumption, not measured here).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from generators.core.errors import InputError
+from generators.matrix.load import Matrix
+from generators.matrix.schema import Cluster, Run
+from generators.plan import Plan
+from generators.plan.cost import PriceTable
+from generators.plan.speed import Speed, Topology, hardware, predict, steps_per_epoch
+from trainer.catalog import INSTANCE_TYPES, MODELS, Architecture, InstanceType
+from trainer.config import ConfigError, TrainConfig, check_topology, to_dict
+from trainer.memory import FIT_FRACTION, estimate_peak_gib, fits, resolve_auto
+
+GIB = 1024**3
+RANK_HOST_BASE_GIB = 4.0
+# Fraction of the host's memory (the GPUs' share of it) that loading may take; the rest is for
+# /dev/shm, the data loader and the kubelet.
+HOST_FIT_FRACTION = 0.5
+
+
+@dataclass(frozen=True, kw_only=True)
+class Figures:
+    """One configuration of a run, estimated."""
+
+    nodes: int
+    world: int
+    shard: int
+    cfg: TrainConfig  # auto settings resolved
+    gpu_gib: float
+    gpu_capacity_gib: int
+    host_gib: float  # per node, while loading
+    host_capacity_gib: int  # the GPUs' share of the node's host memory
+    speed: Speed
+    steps: int  # optimizer steps of the whole run
+    hours: float
+    gpu_hours: float
+    cost_usd: float | None  # None without an On-Demand price
+
+    @property
+    def fits_gpu(self) -> bool:
+        return fits(self.gpu_gib, self.gpu_capacity_gib)
+
+    @property
+    def fits_host(self) -> bool:
+        return self.host_gib <= HOST_FIT_FRACTION * self.host_capacity_gib
+
+    @property
+    def fits(self) -> bool:
+        return self.fits_gpu and self.fits_host
+
+
+@dataclass(frozen=True, kw_only=True)
+class Refusal:
+    reason: str
+    fix: str  # the change, as matrix keys, and what it gives; "" when no change tried fits
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunEstimate:
+    name: str
+    cluster: str
+    model: str
+    instance_type: str
+    region: str
+    reserved: bool  # the cluster runs on capacity reservations
+    figures: Figures
+    refusal: Refusal | None
+    # What makes the run this run, flattened to dotted keys: compared by `--plan --base`.
+    settings: dict[str, object]
+
+
+def host_gib_per_node(arch: Architecture, shard: int, gpus_per_node: int) -> float:
+    largest = max(arch.vocab_size * arch.hidden_size, arch.intermediate_size * arch.hidden_size) * 4
+    per_rank = RANK_HOST_BASE_GIB + (arch.num_params * 2 / shard + largest) / GIB
+    return gpus_per_node * per_rank
+
+
+def figures(arch: Architecture, cfg: TrainConfig, instance: InstanceType, nodes: int, gpus: int,
+            dataset_tokens: int | None, price: float | None) -> Figures:
+    """Estimate one configuration; `cfg` may still hold `auto` settings (resolved here)."""
+    world = nodes * gpus
+    shard = check_topology(cfg.parallelism, world, gpus)
+    cfg = resolve_auto(arch, cfg, shard, instance.gpu_memory_gib)
+    speed = predict(arch, cfg, Topology(nodes=nodes, gpus_per_node=gpus, shard=shard), hardware(instance))
+    tr = cfg.training
+    if tr.max_steps:
+        steps = tr.max_steps
+    elif dataset_tokens is not None:
+        steps = tr.num_epochs * steps_per_epoch(dataset_tokens, cfg, world)
+    else:
+        steps = 0
+    hours = steps * speed.step_s / 3600 if steps else float("nan")
+    return Figures(
+        nodes=nodes, world=world, shard=shard, cfg=cfg, gpu_gib=estimate_peak_gib(arch, cfg, shard),
+        gpu_capacity_gib=instance.gpu_memory_gib, host_gib=host_gib_per_node(arch, shard, gpus),
+        host_capacity_gib=instance.host_memory_gib * gpus // instance.num_gpus, speed=speed, steps=steps,
+        hours=hours, gpu_hours=hours * world,
+        cost_usd=None if price is None or math.isnan(hours) else hours * nodes * price)
+
+
+def _replace(cfg: TrainConfig, section: str, **changes: object) -> TrainConfig:
+    return dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section), **changes)})
+
+
+def _unresolved(cfg: TrainConfig, run: Run) -> TrainConfig:
+    """The run's config with the settings the matrix left to `auto` back at auto, so a changed run
+    resolves them again."""
+    changes = {}
+    for key in ("activation_checkpointing", "grad_sync"):
+        if f"trainer.parallelism.{key}" not in run.sources:
+            changes[key] = "auto"
+    return _replace(cfg, "parallelism", **changes) if changes else cfg
+
+
+def _candidates(cfg: TrainConfig, nodes: int, gpus: int, max_nodes: int) -> list[tuple[str, int, TrainConfig]]:
+    """(the change as matrix keys, nodes, config) for every change that may make a run fit. `cfg` holds
+    the matrix's settings, `auto` unresolved: checkpointing changes only where the matrix fixed a mode
+    (`auto` already chose the most it can)."""
+    par, tr = cfg.parallelism, cfg.training
+    out: list[tuple[str, int, TrainConfig]] = []
+    out += [(f"nodes: {n}", n, cfg) for n in range(nodes + 1, max_nodes + 1)]
+    order = ("none", "selective", "full")
+    if par.activation_checkpointing in order:
+        for mode in order[order.index(par.activation_checkpointing) + 1:]:
+            out.append((f"trainer.parallelism.activation_checkpointing: {mode}", nodes,
+                        _replace(cfg, "parallelism", activation_checkpointing=mode)))
+    world = nodes * gpus
+    if par.sharding_strategy == "HYBRID_SHARD":
+        group = par.shard_group_size or gpus
+        size = group * 2
+        while size <= world:
+            if world % size == 0:
+                out.append((f"trainer.parallelism.shard_group_size: {size}", nodes,
+                            _replace(cfg, "parallelism", shard_group_size=size)))
+            size *= 2
+    elif par.sharding_strategy in ("NO_SHARD", "SHARD_GRAD_OP"):
+        out.append(("trainer.parallelism.sharding_strategy: FULL_SHARD", nodes,
+                    _replace(cfg, "parallelism", sharding_strategy="FULL_SHARD")))
+    if par.precision == "bf16":
+        out.append(("trainer.parallelism.precision: fp8, trainer.parallelism.fp8_all_gather: true", nodes,
+                    _replace(cfg, "parallelism", precision="fp8", fp8_all_gather=True)))
+    for batch in range(tr.batch_size_per_gpu - 1, 0, -1):
+        if tr.batch_size_per_gpu % batch == 0:
+            accum = tr.grad_accum_steps * tr.batch_size_per_gpu // batch
+            out.append((f"trainer.training.batch_size_per_gpu: {batch}, trainer.training.grad_accum_steps: {accum} "
+                        "(the same global batch)", nodes,
+                        _replace(cfg, "training", batch_size_per_gpu=batch, grad_accum_steps=accum)))
+        else:
+            out.append((f"trainer.training.batch_size_per_gpu: {batch}", nodes,
+                        _replace(cfg, "training", batch_size_per_gpu=batch)))
+    return out
+
+
+def _reason(model: str, f: Figures, instance: InstanceType) -> str:
+    par = f.cfg.parallelism
+    if not f.fits_gpu:
+        return (f"{model} needs about {f.gpu_gib:.0f} GiB per GPU with {par.sharding_strategy} over {f.shard} GPUs "
+                f"and {par.activation_checkpointing} checkpointing, but {instance.name} GPUs have "
+                f"{instance.gpu_memory_gib} GiB ({FIT_FRACTION:.0%} usable)")
+    return (f"loading needs about {f.host_gib:.0f} GiB of host memory per node, more than "
+            f"{HOST_FIT_FRACTION:.0%} of the {f.host_capacity_gib} GiB of {instance.name}")
+
+
+def _price_of(f: Figures) -> float:
+    return f.cost_usd if f.cost_usd is not None else f.gpu_hours
+
+
+def hourly_price(matrix: Matrix, cluster: Cluster, instance_type: str, prices: PriceTable) -> float | None:
+    """The On-Demand price of the instance type in the cluster's region; None only for a cluster on
+    capacity reservations (billed by the reservation). A missing price is bad input."""
+    where = f"cluster {cluster.name} ({matrix.file}:{cluster.lines.get('region', 0)})"
+    row = prices.lookup(instance_type, cluster.region)
+    if row is None:
+        raise InputError(f"no price for {instance_type} in {cluster.region}, which {where} runs", file=prices.file,
+                         key="prices", fix=f"add a row {{instance_type: {instance_type}, region: {cluster.region}, "
+                                           "usd_per_hour: ..., read: YYYY-MM-DD, source: ...}")
+    if row.usd_per_hour is None and not cluster.capacity_reservation_ids:
+        raise InputError(f"{instance_type} in {cluster.region} has no On-Demand price ({row.source}), and {where} "
+                         "has no capacity reservation", file=prices.file, line=row.line, key="prices",
+                         fix=f"set clusters.{cluster.name}.capacity_reservation_ids, or write the price in this row")
+    return row.usd_per_hour
+
+
+def estimate_run(matrix: Matrix, plan: Plan, prices: PriceTable, dataset_tokens: int | None) -> RunEstimate:
+    """One planned run (planned without rejecting what does not fit)."""
+    cluster = matrix.clusters[plan.cluster]
+    instance = INSTANCE_TYPES[plan.instance_type]
+    arch = MODELS[plan.model]
+    usd = hourly_price(matrix, cluster, plan.instance_type, prices)
+    base = _unresolved(plan.trainer, plan.run)
+    f = figures(arch, base, instance, plan.nodes, plan.gpus_per_node, dataset_tokens, usd)
+    refusal = None
+    if not f.fits:
+        best: tuple[float, str, Figures] | None = None
+        for label, nodes, cfg in _candidates(base, plan.nodes, plan.gpus_per_node, cluster.max_nodes):
+            try:
+                g = figures(arch, cfg, instance, nodes, plan.gpus_per_node, dataset_tokens, usd)
+            except ConfigError:
+                continue
+            if g.fits and (best is None or _price_of(g) < best[0]):
+                best = (_price_of(g), label, g)
+        fix = ""
+        if best is not None:
+            _, label, g = best
+            cost = f"${g.cost_usd:,.0f}" if g.cost_usd is not None else f"{g.gpu_hours:,.0f} GPU-hours"
+            fix = f"{label} (about {g.gpu_gib:.0f} GiB per GPU, {cost})"
+        refusal = Refusal(reason=_reason(plan.model, f, instance), fix=fix)
+    return RunEstimate(name=plan.name, cluster=plan.cluster, model=plan.model, instance_type=plan.instance_type,
+                       region=cluster.region, reserved=bool(cluster.capacity_reservation_ids), figures=f,
+                       refusal=refusal, settings=settings_of(plan))
+
+
+# Per-run paths carry the name (and so the hash): they differ whenever anything else does.
+_NAMED_PATHS = ("trainer.checkpoint.dir", "trainer.metrics.output_dir")
+
+
+def settings_of(plan: Plan) -> dict[str, object]:
+    flat: dict[str, object] = {k: getattr(plan, k) for k in (
+        "instance_type", "nodes", "gpus_per_node", "rdzv_backend", "active_deadline_s", "shm_size_gib")}
+
+    def walk(prefix: str, value: object) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}", v)
+        elif prefix not in _NAMED_PATHS:
+            flat[prefix] = value
+    walk("trainer", to_dict(plan.trainer))
+    return flat
+
+
+# Tokens per epoch of the datasets the matrix trains on (the trainer reads them on the cluster's
+# shared volume, so the planner cannot count them): data.path -> (tokens, where the figure comes from).
+# Replace an estimate with a count: `len(trainer.data.build_dataset(cfg, tokenizer, ...))` packed
+# rows x seq_len on the file itself.
+DATASET_TOKENS: dict[str, tuple[int, str]] = {
+    "/shared/data/samsum/train.jsonl": (
+        3_000_000, "an estimate: 14,732 SAMSum training dialogues x about 200 Llama tokens each (prompt "
+                   "template, dialogue, summary); not counted"),
+}
+
+
+def dataset_tokens(cfg: TrainConfig) -> tuple[int | None, str]:
+    """(tokens per epoch or None when unknown, where the figure comes from)."""
+    data = cfg.data
+    if data.format == "synthetic":
+        return data.num_synthetic_samples * data.seq_len, "synthetic samples x seq_len"
+    known = DATASET_TOKENS.get(data.path)
+    if known is None:
+        return None, f"{data.path}: token count unknown (add it to DATASET_TOKENS in generators/plan/estimate.py)"
+    return known
+
+
+@dataclass(frozen=True, kw_only=True)
+class MatrixEstimate:
+    matrix_file: str
+    runs: tuple[RunEstimate, ...]
+    notes: tuple[str, ...]  # what the figures assume, once each
+
+    @property
+    def refused(self) -> tuple[RunEstimate, ...]:
+        return tuple(r for r in self.runs if r.refusal is not None)
+
+
+def estimate_matrix(matrix: Matrix, plans: Sequence[Plan], prices: PriceTable) -> MatrixEstimate:
+    """Every run (plans from plan_runs(..., reject_unfit=False)), in matrix order."""
+    out: list[RunEstimate] = []
+    notes = {"Speed: the compute utilisation measured on one H200 for the same precision, compile and "
+             "checkpointing (benchmarks/results/); collectives at 80% of the NVLink and EFA line rates "
+             "(not measured here).": None}
+    for plan in plans:
+        tokens, source = dataset_tokens(plan.trainer)
+        if not plan.trainer.training.max_steps:
+            notes.setdefault(f"Dataset {plan.trainer.data.path or plan.trainer.data.format}: {source}.", None)
+        est = estimate_run(matrix, plan, prices, tokens)
+        speed_ = est.figures.speed
+        if not speed_.basis.startswith("measured"):
+            notes.setdefault(f"Speed on {est.instance_type}: {speed_.basis}.", None)
+        out.append(est)
+    used = sorted({(e.instance_type, e.region) for e in out})
+    for instance_type, region in used:
+        row = prices.lookup(instance_type, region)
+        if row is not None:
+            price = "no On-Demand price" if row.usd_per_hour is None else f"${row.usd_per_hour:,.2f} per hour"
+            notes.setdefault(f"{instance_type} in {region}: {price}, read {row.read} ({row.source}).", None)
+    return MatrixEstimate(matrix_file=matrix.file, runs=tuple(out), notes=tuple(notes))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Rendering: Markdown that reads as plain text too (a pull-request comment and a terminal)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> str:
+    """A Markdown table with padded columns; the first `left` columns left-aligned, the rest right."""
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) if i < left else c.rjust(w)
+                                 for i, (c, w) in enumerate(zip(cells, widths))) + " |"
+    rule = "|" + "|".join("-" * (w + 2) if i < left else "-" * (w + 1) + ":" for i, w in enumerate(widths)) + "|"
+    return "\n".join([line(header), rule] + [line(r) for r in rows])
+
+
+def _hours(value: float) -> str:
+    if math.isnan(value):
+        return "-"
+    return f"{value:,.2f}" if value >= 0.1 else f"{value:.3f}"
+
+
+def _cost(r: RunEstimate) -> str:
+    c = r.figures.cost_usd
+    text = "-" if c is None else f"{c:,.2f}"
+    return f"{text} (reserved)" if r.reserved else text
+
+
+PLAN_HEADER = ("run", "GPUs", "GPU memory, GiB per GPU (of)", "host memory loading, GiB per node (of)",
+               "tokens/s per GPU", "hours", "GPU-hours", "cost, USD")
+
+
+def plan_rows(runs: Sequence[RunEstimate]) -> list[list[str]]:
+    rows = []
+    for r in runs:
+        f = r.figures
+        rows.append([
+            r.name + (" REFUSED" if r.refusal else ""), str(f.world),
+            f"{f.gpu_gib:.1f} ({f.gpu_capacity_gib}, {f.gpu_gib / f.gpu_capacity_gib:.0%})",
+            f"{f.host_gib:,.0f} ({f.host_capacity_gib:,})",
+            f"{f.speed.tokens_per_s_per_gpu:,.0f}", _hours(f.hours), _hours(f.gpu_hours), _cost(r)])
+    return rows
+
+
+def totals(runs: Sequence[RunEstimate]) -> list[tuple[str, int, float, float, bool]]:
+    """(cluster, runs, GPU-hours, cost USD, reserved) per cluster in first-seen order; refused runs
+    count nowhere (they do not run)."""
+    out: dict[str, list] = {}
+    for r in runs:
+        row = out.setdefault(r.cluster, [r.cluster, 0, 0.0, 0.0, r.reserved])
+        if r.refusal is None:
+            row[1] += 1
+            row[2] += 0.0 if math.isnan(r.figures.gpu_hours) else r.figures.gpu_hours
+            row[3] += r.figures.cost_usd or 0.0
+    return [tuple(v) for v in out.values()]
+
+
+def plan_markdown(est: MatrixEstimate) -> str:
+    lines = [f"### Plan: {est.matrix_file}, {len(est.runs)} runs", "",
+             "Predicted before anything runs: GPU memory by trainer/memory.py (the bound `auto` uses is "
+             f"{FIT_FRACTION:.0%} of the GPU), speed by generators/plan/speed.py, cost at On-Demand prices "
+             "(generators/plan/prices.yaml). Hours count training steps only.", "",
+             markdown_table(PLAN_HEADER, plan_rows(est.runs)), "",
+             markdown_table(("cluster", "runs", "GPU-hours", "cost, USD"),
+                            [[c, str(n), f"{g:,.1f}", f"{u:,.2f}" + (" (reserved)" if res else "")]
+                             for c, n, g, u, res in totals(est.runs)])]
+    if est.refused:
+        lines += ["", "Refused (they cannot fit):"]
+        for r in est.refused:
+            fix = r.refusal.fix or "none of more nodes, checkpointing, a larger shard group, fp8 or a smaller batch fits"
+            lines.append(f"- {r.name}: {r.refusal.reason}. Cheapest fix: {fix}.")
+    lines += ["", "Assumptions:"] + [f"- {n}" for n in est.notes]
+    return "\n".join(lines) + "\n"

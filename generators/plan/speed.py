@@ -1,0 +1,346 @@
+"""Predicted speed of a training run: step time, tokens/s per GPU and hours, before it runs.
+
+Pure Python, no torch; the planner (`expand.py --plan`) and the scaling report use it. Per optimizer
+step and GPU (P parameters, L layers, h hidden size, V vocabulary, s sequence length, S the shard
+group, W the world size, G GPUs per node, N nodes):
+
+compute    t_c = T x F / (u x peak). T = batch x seq_len x grad_accum_steps tokens. F is what one
+           token really costs: the FLOPs MFU counts (trainer.catalog flops_per_token), plus the
+           output layer (6 V h, which MFU leaves out), plus the forward pass that activation
+           checkpointing recomputes (2 x decoder parameters + 4 L h s per token for every layer
+           with `full`, every Nth with `selective`). peak is the GPU's dense bf16 peak
+           (trainer.catalog). u is measured: the utilisation of one H200 for the same precision,
+           compile setting and checkpointing mode (CALIBRATION, from benchmarks/results/).
+optimizer  t_o = P / S x B / HBM bandwidth: the update is memory-bound. B = 36 bytes per parameter
+           with fp32 AdamW moments (read parameter, gradient and both moments, write three, read the
+           gradient again for the clipping norm and zero it), 28 with bf16 moments.
+traffic    bytes each GPU sends per step (d = 2 bytes bf16 parameters, 1 for fp8-gathered decoder
+           weights; gradients reduced in fp32, 4 bytes; k micro-batches per step):
+           FULL_SHARD     all-gather forward and backward, reduce-scatter:  (2k d + r 4) P (S-1)/S
+           SHARD_GRAD_OP  all-gather once per micro-batch, reduce-scatter:  (k d + r 4) P (S-1)/S
+           HYBRID_SHARD   FULL_SHARD within the group of S, then an all-reduce of each gradient
+                          shard across the W/S groups:  2 (R-1)/R x r 4 P / S, R = W / S
+           NO_SHARD       all-reduce of every gradient:  2 (W-1)/W x r 4 P
+           with r = 1 reduction per step (grad_sync last) or k (every).
+links      a collective inside one node runs over NVLink (per direction, per GPU); one that spans
+           nodes is bounded by the node's network: a ring over the whole world crosses each node
+           boundary once, so a node sends what one GPU sends; HYBRID_SHARD's replica all-reduces
+           run once per local rank, so a node sends G times a GPU's share. Both at an achieved
+           fraction of the line rate (NVLINK_EFFICIENCY, measured; NETWORK_EFFICIENCY).
+step       t = t_c + t_o + exposed. FSDP overlaps the collectives of one layer with the compute of
+           another: forward all-gathers under the forward (a third of the FLOPs that are not
+           recomputation), backward all-gathers and reductions under the backward. Exposed is what
+           does not fit under its part, plus t_comm / L (the first all-gather and the last
+           reduction of a step, which nothing overlaps), plus min(t_comm, t_c) x NCCL_CHANNELS /
+           SMs (the SMs the collectives take from the compute they overlap).
+epoch      the dataset's tokens (generators/plan/estimate.py DATASET_TOKENS) / seq_len packed
+           rows, W x batch x k rows per step.
+
+So scaling is predicted, not assumed: more GPUs shrink t_o and add traffic; across nodes the
+network bandwidth of the instance type decides how much of it hides under the compute.
+What this model does not see: stragglers, NCCL's algorithm choices, the time to pull the image,
+load the weights, compile and write checkpoints (hours count training steps only).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from trainer.catalog import GPU_PEAK_FLOPS, INSTANCE_TYPES, MODELS, Architecture, InstanceType
+from trainer.config import ConfigError, TrainConfig, check_topology, from_dict
+
+GB = 1e9
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hardware:
+    """What the speed model needs of one instance type, per GPU and per node."""
+
+    gpu_model: str
+    hbm_bytes_s: float  # HBM bandwidth per GPU
+    nvlink_bytes_s: float  # NVLink bandwidth per GPU, one direction
+    network_bytes_s: float  # EFA bandwidth per node, one direction
+    sms: int  # streaming multiprocessors per GPU
+
+
+# (GPU model, GPU memory GiB as the catalog has it) -> (HBM, NVLink per direction in bytes/s, SMs).
+# Sources: NVIDIA A100 datasheet and whitepaper (HBM2 1,555 GB/s for 40 GB, HBM2e 2,039 GB/s for
+# 80 GB; NVLink 3 600 GB/s both directions; 108 SMs), H100 SXM datasheet and whitepaper (HBM3 3.35
+# TB/s; NVLink 4 900 GB/s; 132 SMs), H200 datasheet (HBM3e 4.8 TB/s; NVLink 900 GB/s; the H100's 132
+# SMs). The network per node is the catalog's (trainer/catalog.py).
+GPU_FIGURES: dict[tuple[str, int], tuple[float, float, int]] = {
+    ("A100", 40): (1555 * GB, 300 * GB, 108),
+    ("A100", 80): (2039 * GB, 300 * GB, 108),
+    ("H100", 80): (3350 * GB, 450 * GB, 132),
+    ("H200", 141): (4800 * GB, 450 * GB, 132),
+}
+# SMs an NCCL collective occupies while it overlaps compute: one per channel, and NCCL opened 24
+# channels between two H200s (tests/data/nccl/nvlink-h200x2.log). Compute overlapped by a collective
+# runs on the other SMs.
+NCCL_CHANNELS = 24
+# Achieved fractions of those line rates. NVLink: measured, an NCCL all-reduce of 256 MiB between two
+# H200s reached 295.6 GB/s of bus bandwidth (benchmarks/results/h200x2-preflight.json), 66% of
+# 450 GB/s. EFA: not measured here (no second node was lent); 80% is what NCCL's bus bandwidth
+# typically reaches over EFA. HBM: the fused AdamW update streams at about 80% of the peak (not
+# measured alone; the one-GPU calibration absorbs the difference).
+NVLINK_EFFICIENCY = 295.6 / 450
+NETWORK_EFFICIENCY = 0.8
+HBM_EFFICIENCY = 0.8
+REFERENCE_GPU = "H200"
+
+
+def hardware(instance: InstanceType) -> Hardware:
+    hbm, nvlink, sms = GPU_FIGURES[(instance.gpu_model, instance.gpu_memory_gib)]
+    return Hardware(gpu_model=instance.gpu_model, hbm_bytes_s=hbm, nvlink_bytes_s=nvlink,
+                    network_bytes_s=instance.network_gbps / 8 * GB, sms=sms)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Calibration:
+    """One measured configuration the utilisation u is derived from (Llama-2-7B, sequence 4096,
+    batch 2, one H200: the model's own prediction of that run then equals the measurement)."""
+
+    gpu_model: str
+    precision: str
+    compile: bool
+    checkpointing: str
+    model: str
+    seq_len: int
+    batch_size_per_gpu: int
+    bf16_optimizer_state: bool
+    tokens_per_s_per_gpu: float
+    source: str  # results file and line (1-based)
+
+
+CALIBRATION: tuple[Calibration, ...] = (
+    Calibration(gpu_model="H200", precision="bf16", compile=True, checkpointing="none", model="llama2-7b",
+                seq_len=4096, batch_size_per_gpu=2, bf16_optimizer_state=False, tokens_per_s_per_gpu=11173.0,
+                source="benchmarks/results/h200x1-final.jsonl:2"),
+    Calibration(gpu_model="H200", precision="bf16", compile=True, checkpointing="selective", model="llama2-7b",
+                seq_len=4096, batch_size_per_gpu=2, bf16_optimizer_state=False, tokens_per_s_per_gpu=10089.0,
+                source="benchmarks/results/h200x1-suite1.jsonl:5"),
+    Calibration(gpu_model="H200", precision="bf16", compile=True, checkpointing="full", model="llama2-7b",
+                seq_len=4096, batch_size_per_gpu=2, bf16_optimizer_state=False, tokens_per_s_per_gpu=9233.0,
+                source="benchmarks/results/h200x1-suite1.jsonl:6"),
+    Calibration(gpu_model="H200", precision="bf16", compile=False, checkpointing="none", model="llama2-7b",
+                seq_len=4096, batch_size_per_gpu=2, bf16_optimizer_state=False, tokens_per_s_per_gpu=7738.0,
+                source="benchmarks/results/h200x1-suite1.jsonl:4"),
+    Calibration(gpu_model="H200", precision="fp8", compile=True, checkpointing="none", model="llama2-7b",
+                seq_len=4096, batch_size_per_gpu=2, bf16_optimizer_state=False, tokens_per_s_per_gpu=14576.0,
+                source="benchmarks/results/h200x1-fp8.jsonl:2"),
+    Calibration(gpu_model="H200", precision="bf16", compile=False, checkpointing="full", model="llama2-7b",
+                seq_len=4096, batch_size_per_gpu=2, bf16_optimizer_state=False, tokens_per_s_per_gpu=7523.0,
+                source="benchmarks/results/h200x1-suite1.jsonl:2"),
+)
+
+
+def flops_per_token(arch: Architecture, seq_len: int, checkpointing: str, selective_every: int) -> float:
+    """FLOPs one trained token costs, recomputation and the output layer included."""
+    decoder = arch.num_params - arch.num_embedding_params
+    recompute_layer = (2.0 * decoder + 4.0 * arch.num_layers * arch.hidden_size * seq_len) / arch.num_layers
+    recomputed_layers = {"none": 0, "full": arch.num_layers,
+                         "selective": arch.num_layers // selective_every}[checkpointing]
+    return (arch.flops_per_token(seq_len) + 6.0 * arch.vocab_size * arch.hidden_size
+            + recomputed_layers * recompute_layer)
+
+
+def optimizer_bytes_per_param(cfg: TrainConfig) -> float:
+    return 28.0 if cfg.training.bf16_optimizer_state else 36.0
+
+
+def optimizer_time_s(arch: Architecture, cfg: TrainConfig, shard: int, hw: Hardware) -> float:
+    return arch.num_params / shard * optimizer_bytes_per_param(cfg) / (hw.hbm_bytes_s * HBM_EFFICIENCY)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Topology:
+    """Where a run's GPUs are: nodes x GPUs per node, and the shard group of its strategy."""
+
+    nodes: int
+    gpus_per_node: int
+    shard: int
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True, kw_only=True)
+class Speed:
+    """A predicted step, per GPU."""
+
+    tokens_per_step: int  # per GPU
+    compute_s: float
+    optimizer_s: float
+    comm_s: float
+    step_s: float
+    utilisation: float
+    basis: str  # where u came from: the calibration run, or what was assumed
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        return self.tokens_per_step / self.step_s
+
+
+def _calibration_for(gpu: str, precision: str, compile_: bool, mode: str) -> tuple[Calibration, str]:
+    """The calibration run for these settings; a fallback names what it assumes."""
+    by_key = {(c.gpu_model, c.precision, c.compile, c.checkpointing): c for c in CALIBRATION}
+    notes = []
+    for key_gpu in (gpu, REFERENCE_GPU):
+        for key_prec in (precision, "bf16"):
+            for key_compile in (compile_, True):
+                found = by_key.get((key_gpu, key_prec, key_compile, mode))
+                if found is not None:
+                    if key_gpu != gpu:
+                        notes.append(f"{gpu} not measured, the utilisation of one {key_gpu} with the same settings")
+                    if key_prec != precision:
+                        notes.append(f"{precision} not measured, {key_prec}'s")
+                    if key_compile != compile_:
+                        notes.append("compile off not measured with this checkpointing, compiled")
+                    return found, "; ".join(notes) or f"measured ({found.source})"
+    raise KeyError(f"no calibration for checkpointing {mode!r}")
+
+
+def utilisation_of(cal: Calibration) -> float:
+    """u that makes the model reproduce the calibration run on one GPU."""
+    arch = MODELS[cal.model]
+    cfg = from_dict({"model": {"name": cal.model}, "data": {"format": "synthetic", "seq_len": cal.seq_len},
+                     "training": {"batch_size_per_gpu": cal.batch_size_per_gpu,
+                                  "bf16_optimizer_state": cal.bf16_optimizer_state},
+                     "parallelism": {"precision": cal.precision, "compile": cal.compile,
+                                     "activation_checkpointing": cal.checkpointing}})
+    hw = hardware_for_gpu(cal.gpu_model)
+    tokens = cal.batch_size_per_gpu * cal.seq_len
+    step = tokens / cal.tokens_per_s_per_gpu
+    compute = step - optimizer_time_s(arch, cfg, 1, hw)
+    flops = tokens * flops_per_token(arch, cal.seq_len, cal.checkpointing, cfg.parallelism.selective_ac_every)
+    return flops / (GPU_PEAK_FLOPS[cal.gpu_model] * compute)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Traffic:
+    """Bytes one GPU sends per optimizer step, by collective."""
+
+    gather_forward: float  # all-gathers of the shard group during forward
+    gather_backward: float  # and during backward
+    reduce: float  # reduce-scatters of the shard group (all-reduce of the world for NO_SHARD)
+    across: float  # HYBRID_SHARD: all-reduces of the gradient shards across the groups
+
+
+def traffic_bytes(arch: Architecture, cfg: TrainConfig, topo: Topology) -> Traffic:
+    par, tr = cfg.parallelism, cfg.training
+    P, W, S = arch.num_params, topo.world, topo.shard
+    k = tr.grad_accum_steps
+    reductions = 1 if (k == 1 or par.grad_sync == "last") else k
+    if par.sharding_strategy == "NO_SHARD":
+        return Traffic(gather_forward=0.0, gather_backward=0.0, reduce=2 * (W - 1) / W * reductions * 4 * P, across=0.0)
+    d = 4 if par.precision == "fp32" else 2
+    root = arch.num_embedding_params + arch.hidden_size
+    gathered = ((P - root) * (1 if par.fp8_all_gather else d) + root * d) * k * (S - 1) / S
+    replicas = W // S
+    return Traffic(
+        gather_forward=gathered,
+        gather_backward=gathered if par.sharding_strategy != "SHARD_GRAD_OP" else 0.0,
+        reduce=reductions * 4 * P * (S - 1) / S,
+        across=2 * (replicas - 1) / replicas * reductions * 4 * P / S if replicas > 1 else 0.0)
+
+
+def link_times_s(traffic: Traffic, topo: Topology, hw: Hardware, strategy: str) -> tuple[float, float, float]:
+    """(forward gathers, backward gathers + reductions, total) in seconds on the run's links."""
+    nvlink = hw.nvlink_bytes_s * NVLINK_EFFICIENCY
+    network = hw.network_bytes_s * NETWORK_EFFICIENCY
+    G = topo.gpus_per_node
+    # The shard group's rings (the whole world for NO_SHARD): NVLink inside a node; a ring over
+    # several nodes crosses each node boundary once, so a node sends what one GPU sends.
+    spans = (topo.world if strategy == "NO_SHARD" else topo.shard) > G
+    group_bw = min(nvlink, network) if spans else nvlink
+    # HYBRID_SHARD's replica all-reduces: one per local rank, so G of them share a node's network.
+    across_bw = (network / G if topo.nodes > 1 else nvlink)
+    forward = traffic.gather_forward / group_bw
+    backward = (traffic.gather_backward + traffic.reduce) / group_bw + traffic.across / across_bw
+    return forward, backward, forward + backward
+
+
+def predict(arch: Architecture, cfg: TrainConfig, topo: Topology, hw: Hardware) -> Speed:
+    """The predicted step of a run whose `auto` settings are resolved."""
+    par, tr = cfg.parallelism, cfg.training
+    mode = par.activation_checkpointing
+    if mode == "auto":
+        raise ValueError("resolve activation_checkpointing 'auto' before predicting")
+    cal, basis = _calibration_for(hw.gpu_model, par.precision, par.compile, mode)
+    u = utilisation_of(cal)
+    tokens = tr.batch_size_per_gpu * cfg.data.seq_len * tr.grad_accum_steps
+    per_token = flops_per_token(arch, cfg.data.seq_len, mode, par.selective_ac_every)
+    compute = tokens * per_token / (u * GPU_PEAK_FLOPS[hw.gpu_model])
+    # Forward is a third of the FLOPs that are not recomputation; backward (with it) the rest.
+    forward_share = flops_per_token(arch, cfg.data.seq_len, "none", 1) / 3 / per_token
+    optimizer = optimizer_time_s(arch, cfg, topo.shard, hw)
+    if topo.world > 1:
+        forward, backward, comm = link_times_s(traffic_bytes(arch, cfg, topo), topo, hw, par.sharding_strategy)
+    else:
+        forward = backward = comm = 0.0
+    # FSDP overlaps a layer's collectives with another layer's compute: forward gathers under the
+    # forward, backward gathers and reductions under the backward. What does not fit is exposed, and
+    # so are the first all-gather and the last reduction of a step (one layer's worth each); what
+    # fits slows the compute it overlaps by the SMs NCCL takes.
+    exposed = (max(0.0, forward - compute * forward_share) + max(0.0, backward - compute * (1 - forward_share))
+               + comm / arch.num_layers + min(comm, compute) * NCCL_CHANNELS / hw.sms)
+    return Speed(tokens_per_step=tokens, compute_s=compute, optimizer_s=optimizer, comm_s=comm,
+                 step_s=compute + optimizer + exposed, utilisation=u, basis=basis)
+
+
+def steps_per_epoch(dataset_tokens: int, cfg: TrainConfig, world: int) -> int:
+    rows = math.ceil(dataset_tokens / cfg.data.seq_len)
+    return max(1, math.ceil(rows / (world * cfg.training.batch_size_per_gpu * cfg.training.grad_accum_steps)))
+
+
+def hardware_for_gpu(device_name: str) -> Hardware | None:
+    """The figures of a GPU named as torch names it ('NVIDIA H200'): those of the first instance type
+    of the catalog with that GPU; None if none has it (a CPU)."""
+    upper = device_name.upper()
+    for instance in INSTANCE_TYPES.values():
+        if instance.gpu_model in upper:
+            return hardware(instance)
+    return None
+
+
+def predict_measured(config: dict, world_size: int, local_world_size: int, device_name: str,
+                     one_host: bool = False) -> float | None:
+    """Predicted tokens/s per GPU of a measured configuration: a benchmark record's flat `config`
+    (benchmarks/common.py: model, seq_len, batch_size_per_gpu, grad_accum_steps, parallelism.*,
+    training.*) or a trainer run's resolved config (run.json). `local_world_size` GPUs per launch
+    agent; `one_host`: every agent on one host (NVLink between them, as benchmarks/suite.py --nodes
+    runs). None where the model does not apply: an unknown device (CPU), a configuration that is not
+    the trainer's (the FSDP1 baseline)."""
+    hw = hardware_for_gpu(device_name)
+    if hw is None or local_world_size < 1 or world_size % local_world_size:
+        return None
+    if one_host:
+        hw = dataclasses.replace(hw, network_bytes_s=hw.nvlink_bytes_s)
+    if "parallelism" in config:  # a trainer run's nested config
+        nested = {k: v for k, v in config.items() if k in ("model", "data", "training", "parallelism")}
+    elif "parallelism.sharding_strategy" in config:
+        nested = {"model": {"name": config.get("model")},
+                  "data": {"format": "synthetic", "seq_len": config.get("seq_len")},
+                  "training": {"batch_size_per_gpu": config.get("batch_size_per_gpu"),
+                               "grad_accum_steps": config.get("grad_accum_steps", 1)},
+                  "parallelism": {}}
+        for key, value in config.items():
+            section, _, leaf = key.partition(".")
+            if section in ("parallelism", "training") and leaf:
+                nested[section][leaf] = value
+    else:
+        return None
+    try:
+        cfg = from_dict(nested)
+        arch = MODELS[cfg.model.name]
+        nodes = world_size // local_world_size
+        shard = check_topology(cfg.parallelism, world_size, local_world_size)
+        if cfg.parallelism.activation_checkpointing == "auto" or (
+                cfg.parallelism.grad_sync == "auto" and cfg.training.grad_accum_steps > 1):
+            return None
+        return predict(arch, cfg, Topology(nodes=nodes, gpus_per_node=local_world_size, shard=shard),
+                       hw).tokens_per_s_per_gpu
+    except (ConfigError, KeyError, TypeError, ValueError):
+        return None
