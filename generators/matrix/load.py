@@ -231,6 +231,10 @@ def _parse_cluster(file: str, name: str, data: Any, line: int) -> Cluster:
                        f"{zone!r} is not a zone of region {f['region']}", f"write a zone such as {f['region']}a")
     reservations = _str_list(file, data, "capacity_reservation_ids", prefix, _RESERVATION,
                              "capacity reservation id (cr- and 8 to 17 hex digits)", nonempty=False)
+    if f["capacity_blocks"] and not reservations:
+        raise _err(file, data.key_lines["capacity_blocks"], f"{prefix}.capacity_blocks",
+                   "capacity_blocks is true but the cluster names no capacity reservation",
+                   "list the Capacity Block ids (cr-...) in capacity_reservation_ids, or remove capacity_blocks")
     if not _K8S_VERSION.match(f["kubernetes_version"]):
         raise _err(file, data.key_lines["kubernetes_version"], f"{prefix}.kubernetes_version",
                    f"{f['kubernetes_version']!r} is not a Kubernetes minor version", 'write it quoted, e.g. "1.33"')
@@ -242,6 +246,7 @@ def _parse_cluster(file: str, name: str, data: Any, line: int) -> Cluster:
                    availability_zones=zones, capacity_reservation_ids=reservations,
                    volume_size_gib=f["volume_size_gib"], kubernetes_version=f["kubernetes_version"],
                    max_nodes=f["max_nodes"], shared_storage_gib=f["shared_storage_gib"],
+                   kueue=f["kueue"], capacity_blocks=f["capacity_blocks"],
                    lines={"name": line, **data.key_lines})
 
 

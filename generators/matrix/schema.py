@@ -61,6 +61,10 @@ class Run:
     shm_size_gib: int = run_field(64, minimum=1)
     # Run counter: bump it to launch an unchanged configuration again under a new name.
     rev: int = run_field(0, minimum=0)
+    # Retry counter: bump it to start a finished or failed run again from its checkpoints. The job
+    # gets a new name (a PyTorchJob cannot be restarted), the checkpoint directory stays the one of
+    # retry 0, so the trainer resumes from the newest complete checkpoint there.
+    retry: int = run_field(0, minimum=0)
     # Readable part of the run name instead of the generated one (DNS-1035, at most NAME_PREFIX_MAX
     # characters); the planner always appends the configuration hash.
     name: str = run_field("")
@@ -125,6 +129,8 @@ CLUSTER_FIELDS: dict[str, tuple[Any, Any]] = {
     "kubernetes_version": (str, "1.33"),
     "max_nodes": (int, 16),
     "shared_storage_gib": (int, 1200),
+    "kueue": (bool, True),
+    "capacity_blocks": (bool, False),
 }
 
 
@@ -154,6 +160,11 @@ class Cluster:
     max_nodes: int
     # Size of the shared ReadWriteMany volume (PVC fsdp-shared, mounted at /shared), GiB.
     shared_storage_gib: int
+    # Queue the cluster's jobs with Kueue (admitted as whole gangs within the cluster's GPU quota).
+    kueue: bool = True
+    # The capacity reservation ids are EC2 Capacity Blocks for ML (launched with market type
+    # capacity-block), not On-Demand Capacity Reservations.
+    capacity_blocks: bool = False
     # 1-based matrix line of each field that the matrix sets (and of the cluster's own key under
     # "name"), for errors raised after loading.
     lines: Mapping[str, int] = field(default_factory=dict, compare=False)

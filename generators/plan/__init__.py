@@ -8,7 +8,7 @@ Every failure is an InputError pointing at the matrix line that set the offendin
 
 Run names
 ---------
-`<model>-<family>-n<nodes>[-g<gpus>]-<sharding>[-etcd][-r<rev>]-<hash>`, for example
+`<model>-<family>-n<nodes>[-g<gpus>]-<sharding>[-etcd][-r<rev>][-t<retry>]-<hash>`, for example
 `llama2-7b-p5-n2-fullshard-3fa9c1`: a DNS-1035 label of at most 50 characters (the Training
 Operator appends `-worker-<i>` to name pods and Services, and those must stay within 63). A readable
 part longer than 43 characters loses whole trailing parts until it fits (the hash still covers them);
@@ -22,7 +22,9 @@ any change to a run's configuration must create a new job under a new name; the 
 no bookkeeping, and it also tells apart the same experiment on two clusters with one instance type.
 Consequences, on purpose: changing a trainer default in trainer/config.py renames every run whose
 resolved config changes (Flux then prunes the old jobs and starts the new ones; results on the shared
-volume stay under the old names); to run an unchanged configuration again, bump `rev`. Names are
+volume stay under the old names); to run an unchanged configuration again, bump `rev`. To start a
+finished or failed run again from its checkpoints, bump `retry`: the job gets a new name, but its
+checkpoint directory stays the one of retry 0 (its metrics go to the new name's directory). Names are
 stable: the same matrix and code give the same names on every machine. Two runs with the same name
 are the same run twice and are an error.
 
@@ -198,6 +200,8 @@ def readable_name(run: Run, family: str, gpus_per_node: int, num_gpus: int, shar
             parts.append(run.rdzv_backend)
         if run.rev:
             parts.append(f"r{run.rev}")
+        if run.retry:
+            parts.append(f"t{run.retry}")
         text = "-".join(parts)
     limit = NAME_MAX - HASH_LEN - 1
     if len(text) > limit:
@@ -288,13 +292,18 @@ def plan_run(matrix: Matrix, run: Run, cache: dict[str, TrainConfig] | None = No
                     f"{run.shm_size_gib} GiB of /dev/shm is more than half the host memory of the GPUs' share "
                     f"of {instance_name}", f"use at most {shm_cap}", readable)
 
-    # Every run field (as resolved) and the resolved trainer config: a new run field joins the hash.
-    digest = config_hash({**{f: getattr(run, f) for f in RUN_FIELDS}, "instance_type": instance_name,
-                          "gpus_per_node": gpus, "trainer": to_dict(cfg)})
-    name = f"{readable}-{digest}"
+    def run_name(r: Run, text: str) -> str:
+        # Every run field (as resolved) and the resolved trainer config: a new run field joins the hash.
+        return text + "-" + config_hash({**{f: getattr(r, f) for f in RUN_FIELDS}, "instance_type": instance_name,
+                                             "gpus_per_node": gpus, "trainer": to_dict(cfg)})
+
+    name = run_name(run, readable)
+    # A retry is the same run started again: a new job name, the checkpoint directory of retry 0.
+    first = dataclasses.replace(run, retry=0)
+    lineage = run_name(first, readable_name(first, family, gpus, instance.num_gpus, par.sharding_strategy))
     cfg = dataclasses.replace(
         cfg,
-        checkpoint=dataclasses.replace(cfg.checkpoint, dir=f"{CHECKPOINT_ROOT}/{name}"),
+        checkpoint=dataclasses.replace(cfg.checkpoint, dir=f"{CHECKPOINT_ROOT}/{lineage}"),
         metrics=dataclasses.replace(cfg.metrics, output_dir=f"{RUNS_ROOT}/{name}"),
     )
     endpoint = f"{name}-worker-0:{C10D_PORT}" if run.rdzv_backend == "c10d" else ETCD_ENDPOINT

@@ -8,19 +8,26 @@ These files create the cluster Flux is bootstrapped into, so they sit outside th
 What each cluster of the matrix gets (overlays/provisioning/<cluster>/eksctl.yaml, eksctl.io/v1alpha5):
 - the cluster in the matrix's region and Kubernetes version; its VPC spans the matrix's zones, plus
   the region's next zone letter when the matrix names only one (EKS needs subnets in two zones);
-- add-ons: the EKS defaults, the Pod Identity agent, and the FSx for Lustre CSI driver that the shared
-  volume (StorageClass fsx-sc, generators/render/flux.py) needs; a Pod Identity for Flux's
-  image-reflector-controller to read ECR (base/image-automation/imagerepository.yaml, provider aws);
+- the way to create it, in the annotation fsdp-gitops/create-with: without eksctl's own device
+  plugins (its EFA plugin does not tolerate the GPU taint; base/device-plugins brings both);
+- add-ons: the EKS defaults (the VPC CNI with its NetworkPolicy agent on, which base/etcd's policy
+  needs), the Pod Identity agent, and the FSx for Lustre CSI driver that the shared volume
+  (StorageClass fsx-sc, generators/render/flux.py) needs; Pod Identities for Flux's
+  image-reflector-controller to read ECR (base/image-automation/imagerepository.yaml, provider aws)
+  and for the cluster autoscaler (base/cluster-autoscaler, eksctl's autoScaler policy);
 - a `system` managed node group (SYSTEM_NODES) for Flux, the Training Operator, etcd and monitoring;
 - one GPU managed node group per instance type of the cluster, in the first zone of the matrix (the
   zone of the capacity reservation; EFA traffic stays in one zone): EFA enabled, private subnets only,
   the matrix's root volume size, tainted nvidia.com/gpu=true:NoSchedule (the PyTorchJobs and GPU
-  DaemonSets tolerate it), minSize 0 and desiredCapacity 0 (GPU nodes cost money while idle: scale
-  up with `eksctl scale nodegroup` or a cluster autoscaler, whose scale-from-zero tags are set), and
+  DaemonSets tolerate it), minSize 0 and desiredCapacity 0 (GPU nodes cost money while idle: the
+  cluster autoscaler of base/cluster-autoscaler scales the groups tagged for its auto-discovery, with
+  the scale-from-zero tags for resources, the node-role label and the taint), and
   maxSize = the most nodes any run of that instance type on that cluster asks for (1 when no run uses
   it yet). A capacity reservation id of the matrix targets the node group; eksctl takes one
   reservation per node group and the matrix does not say which type an id reserves, so this needs a
-  cluster with one instance type and one id (Karpenter has neither limit).
+  cluster with one instance type and one id (Karpenter has neither limit). With `capacity_blocks`
+  the id is a Capacity Block for ML and the group launches with market type capacity-block (Karpenter
+  finds Capacity Blocks through the same capacityReservationSelectorTerms, capacity type reserved).
 With --karpenter the GPU node groups are left out; eksctl installs Karpenter (KARPENTER_VERSION) and
 overlays/provisioning/<cluster>/karpenter/ holds one EC2NodeClass (AL2023 NVIDIA AMI, private subnets
 and security groups found by the karpenter.sh/discovery tag, the root volume, every capacity
@@ -58,8 +65,23 @@ CLUSTER_TAG = "fsdp-gitops/cluster"
 DISCOVERY_TAG = "karpenter.sh/discovery"
 # Flux's image-reflector-controller reads tags from ECR with this identity (provider: aws).
 ECR_READ_POLICY = "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryReadOnly"
-# Cluster-autoscaler reads these ASG tags to scale a node group up from zero.
+# Cluster-autoscaler (base/cluster-autoscaler) scales the Auto Scaling groups tagged with the first
+# two tags (auto-discovery), and reads the node-template tags to scale a group up from zero nodes.
+AUTOSCALER_ENABLED_TAG = "k8s.io/cluster-autoscaler/enabled"
+AUTOSCALER_CLUSTER_TAG = "k8s.io/cluster-autoscaler/"
 AUTOSCALER_RESOURCE_TAG = "k8s.io/cluster-autoscaler/node-template/resources/"
+AUTOSCALER_LABEL_TAG = "k8s.io/cluster-autoscaler/node-template/label/"
+AUTOSCALER_TAINT_TAG = "k8s.io/cluster-autoscaler/node-template/taint/"
+# The ServiceAccount of base/cluster-autoscaler; eksctl gives it eksctl's autoScaler policy.
+AUTOSCALER_SERVICE_ACCOUNT = ("kube-system", "cluster-autoscaler")
+# How the cluster must be created. eksctl installs its own NVIDIA and EFA device plugins unless told
+# not to (no config field exists for that, only flags); its EFA plugin ignores the GPU taint. The
+# pinned plugins of base/device-plugins replace both.
+CREATE_WITH = ("eksctl create cluster -f overlays/provisioning/{cluster}/eksctl.yaml --install-nvidia-plugin=false; "
+               "then kubectl -n kube-system delete daemonset aws-efa-k8s-device-plugin-daemonset: the device "
+               "plugins come from base/device-plugins through Flux")
+# The VPC CNI enforces NetworkPolicy (base/etcd/networkpolicy.yaml) only with its policy agent on.
+VPC_CNI_CONFIG = '{"enableNetworkPolicy":"true"}'
 
 
 def nodegroup_name(instance_type: str) -> str:
@@ -102,14 +124,21 @@ def gpu_nodegroup(cluster: Cluster, instance_type: str, max_size: int) -> dict[s
         "taints": [dict(GPU_TAINT)],
         "propagateASGTags": True,
         "tags": {
+            AUTOSCALER_ENABLED_TAG: "true",
+            AUTOSCALER_CLUSTER_TAG + cluster.name: "owned",
             AUTOSCALER_RESOURCE_TAG + "nvidia.com/gpu": str(itype.num_gpus),
             AUTOSCALER_RESOURCE_TAG + "vpc.amazonaws.com/efa": str(itype.num_efa),
+            AUTOSCALER_LABEL_TAG + NODE_ROLE_LABEL: "gpu",
+            AUTOSCALER_TAINT_TAG + GPU_TAINT["key"]: f"{GPU_TAINT['value']}:{GPU_TAINT['effect']}",
         },
     }
     if cluster.capacity_reservation_ids:
         group["capacityReservation"] = {
             "capacityReservationTarget": {"capacityReservationID": cluster.capacity_reservation_ids[0]},
         }
+        if cluster.capacity_blocks:
+            # A Capacity Block launches only with this market type (and only inside its time window).
+            group["instanceMarketOptions"] = {"marketType": "capacity-block"}
     return group
 
 
@@ -127,7 +156,7 @@ def render_eksctl(plan: ClusterPlan, karpenter: bool) -> dict[str, Any]:
         "apiVersion": EKSCTL_API,
         "kind": "ClusterConfig",
         "metadata": {"name": cluster.name, "region": cluster.region, "version": cluster.kubernetes_version,
-                     "tags": tags},
+                     "tags": tags, "annotations": {"fsdp-gitops/create-with": CREATE_WITH.format(cluster=cluster.name)}},
         "availabilityZones": cluster_zones(cluster),
         "vpc": {"nat": {"gateway": "Single"}},
         "iam": {
@@ -136,11 +165,16 @@ def render_eksctl(plan: ClusterPlan, karpenter: bool) -> dict[str, Any]:
                 "namespace": "flux-system",
                 "serviceAccountName": "image-reflector-controller",
                 "permissionPolicyARNs": [ECR_READ_POLICY],
+            }, {
+                # In the Karpenter form no Auto Scaling group carries its tags and it stays idle.
+                "namespace": AUTOSCALER_SERVICE_ACCOUNT[0],
+                "serviceAccountName": AUTOSCALER_SERVICE_ACCOUNT[1],
+                "wellKnownPolicies": {"autoScaler": True},
             }],
         },
         "addonsConfig": {"autoApplyPodIdentityAssociations": True},
-        "addons": [{"name": name} for name in
-                   ("vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent", "aws-fsx-csi-driver")],
+        "addons": [{"name": "vpc-cni", "configurationValues": VPC_CNI_CONFIG}] + [{"name": name} for name in
+                   ("coredns", "kube-proxy", "eks-pod-identity-agent", "aws-fsx-csi-driver")],
         "managedNodeGroups": [system],
     }
     if karpenter:
