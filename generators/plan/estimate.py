@@ -42,6 +42,7 @@ RANK_HOST_BASE_GIB = 4.0
 # Fraction of the host's memory (the GPUs' share of it) that loading may take; the rest is for
 # /dev/shm, the data loader and the kubelet.
 HOST_FIT_FRACTION = 0.5
+COST_TIE = 0.01
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -218,12 +219,19 @@ def estimate_run(matrix: Matrix, plan: Plan, prices: PriceTable, dataset_tokens:
     refusal = None
     if not f.fits:
         best: tuple[float, str, Figures] | None = None
+        more_nodes_fit = False
         for label, nodes, cfg in _candidates(base, plan.nodes, plan.gpus_per_node, cluster.max_nodes):
+            if nodes != plan.nodes and more_nodes_fit:
+                continue  # the fewest nodes that fit are the node change
             try:
                 g = figures(arch, cfg, instance, nodes, plan.gpus_per_node, dataset_tokens, usd)
             except ConfigError:
                 continue
-            if g.fits and (best is None or _price_of(g) < best[0]):
+            if not g.fits:
+                continue
+            more_nodes_fit = more_nodes_fit or nodes != plan.nodes
+            # Within 1% the earlier change wins: costs that close are the model's noise, not a saving.
+            if best is None or _price_of(g) < best[0] * (1 - COST_TIE):
                 best = (_price_of(g), label, g)
         fix = ""
         if best is not None:
