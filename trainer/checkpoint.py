@@ -212,6 +212,7 @@ class Checkpointer:
         self.resolved_config = resolved_config
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
+        self._rejected: set[str] = set()  # checkpoints found unloadable (rank 0), even if not set aside
 
     @property
     def enabled(self) -> bool:
@@ -232,6 +233,8 @@ class Checkpointer:
         """(newest loadable checkpoint, lines saying which newer ones were set aside); rank 0 only."""
         notes = []
         for _, path in reversed(complete_checkpoints(self.cfg.dir)):
+            if path in self._rejected:
+                continue
             problem = verify(path)
             if problem is None:
                 return path, notes
@@ -239,10 +242,16 @@ class Checkpointer:
         return None, notes
 
     def _set_aside(self, path: str, problem: str) -> str:
+        """Move an unloadable checkpoint out of the way (kept for inspection); returns the line saying so."""
+        self._rejected.add(path)
         aside = os.path.join(os.path.dirname(path), CORRUPT_PREFIX + os.path.basename(path))
-        shutil.rmtree(aside, ignore_errors=True)
-        os.rename(path, aside)
-        return f"warning: checkpoint {path} cannot be loaded: {problem}; set aside as {aside}"
+        try:
+            shutil.rmtree(aside, ignore_errors=True)
+            os.rename(path, aside)
+            where = f"set aside as {aside}"
+        except OSError as err:
+            where = f"left in place ({_one_line(err)})"
+        return f"warning: checkpoint {path} cannot be loaded: {problem}; {where}"
 
     def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                say: Any = print) -> tuple[str, dict[str, Any]] | None:

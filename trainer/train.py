@@ -21,6 +21,11 @@ LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT, which are all the tra
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes=2 --nproc_per_node=8 --rdzv-backend=c10d \\
         --rdzv-endpoint=<first node>:29400 --rdzv-id=llama2-13b-run -m trainer.train --config train.yaml
 
+    # in the cluster's pods: torchrun's arguments through trainer.launch, which waits for a rendezvous
+    # host that is not up yet and exits 143 after SIGTERM so the operator restarts the job
+    python -m trainer.launch --nnodes=2 --nproc_per_node=8 --rdzv-backend=c10d \\
+        --rdzv-endpoint=<job>-worker-0:29400 --rdzv-id=<job> -m trainer.train --config /etc/fsdp/train.yaml
+
     # one process without torchrun (debugging)
     python -m trainer.train --config trainer/configs/tiny.yaml
 
