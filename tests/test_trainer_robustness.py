@@ -24,8 +24,8 @@ from trainer.checkpoint import COMPLETE, compare_configs, load_scheduler_state, 
 from trainer.config import TrainingConfig, from_dict, to_dict
 from trainer.data import IGNORE_INDEX, ByteTokenizer, fit_example, pack, tokenize_example
 from trainer.optim import build_scheduler, lr_factor
-from trainer_support import (LAUNCH_TIMEOUT_S, REPO_ROOT, TINY, finish, output_overrides, read_metrics,
-                             trainer_env, wait_for)
+from trainer_support import (LAUNCH_TIMEOUT_S, REPO_ROOT, TINY, finish, free_port, output_overrides,
+                             read_metrics, trainer_env, wait_for)
 
 
 # --- over-long examples -----------------------------------------------------------------------------
@@ -203,6 +203,33 @@ def test_sigterm_checkpoints_the_step_exits_143_and_the_restart_resumes(tmp_path
     assert [r["step"] for r in resumed] == [step + 1, step + 2, step + 3]
     cfg = TrainingConfig(lr=1e-3, warmup_steps=4, max_steps=step + 3, min_lr_ratio=0.1)
     assert resumed[0]["lr"] == pytest.approx(1e-3 * lr_factor(step, cfg, step + 3), rel=1e-12)
+
+
+@pytest.mark.slow
+def test_sigterm_on_one_node_stops_every_node_with_a_checkpoint_and_143(tmp_path):
+    # Two torchrun agents (one rank each) on one c10d rendezvous, as two pods of a job; a node drain
+    # signals only one of them.
+    port = free_port()
+    procs = []
+    for node, is_host in (("a", "true"), ("b", "false")):
+        cmd = [sys.executable, "-m", "trainer.launch", "--nnodes=2", "--nproc_per_node=1", "--rdzv-backend=c10d",
+               f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=drain-test", f"--rdzv-conf=is_host={is_host}",
+               "-m", "trainer.train", "--config", str(TINY), f"checkpoint.dir={tmp_path / 'ckpt'}",
+               "checkpoint.interval_steps=0", "checkpoint.export_dir=", "training.max_steps=400",
+               f"metrics.output_dir={tmp_path / node}"]
+        procs.append(subprocess.Popen(cmd, cwd=REPO_ROOT, env=trainer_env(), stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, start_new_session=True))
+    logged = lambda: [p for p in (tmp_path / "a" / "metrics.jsonl", tmp_path / "b" / "metrics.jsonl")  # noqa: E731
+                      if p.is_file() and len(p.read_text().splitlines()) >= 3]
+    wait_for(lambda: bool(logged()), procs[1], LAUNCH_TIMEOUT_S, "three logged steps")
+    os.kill(procs[1].pid, signal.SIGTERM)
+    logs = [finish(proc) for proc in procs]
+    assert [proc.returncode for proc in procs] == [143, 143], "\n".join(log[-2500:] for log in logs)
+    step = json.loads(logged()[0].read_text().splitlines()[-1])["step"]  # the metrics of global rank 0
+    ckpt = tmp_path / "ckpt" / f"step-{step:08d}"
+    assert verify(str(ckpt)) is None and {"rng-rank00000.pt", "rng-rank00001.pt"} <= {p.name for p in ckpt.iterdir()}
+    assert "every worker stopped after SIGTERM; exit status 143" in logs[0]  # the node that got no signal
+    assert "stopped by SIGTERM; exit status 143" in logs[1]
 
 
 @pytest.mark.slow

@@ -334,6 +334,11 @@ class Checkpointer:
                 error = _one_line(err)
         error = self._agree(error)
         if error is not None:
+            # A full volume surfaces as whatever write hit it first (an OSError, or torch.save's
+            # RuntimeError without errno): say what it is, measured before the partial files go.
+            usage = shutil.disk_usage(self.cfg.dir)
+            if usage.free < max(64 * 2**20, usage.total // 100):
+                error = f"No space left on device ({usage.free / 2**20:.1f} of {usage.total / 2**20:.1f} MiB free)"
             if self.rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
             found = complete_checkpoints(self.cfg.dir)
