@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from generators.core.errors import InputError
+from generators.core.markdown import table
 from generators.matrix import Matrix, Run, expand, load
 from generators.plan import plan_runs
 from generators.plan.cost import load_prices
-from generators.plan.estimate import (PLAN_HEADER, MatrixEstimate, RunEstimate, estimate_matrix, markdown_table,
-                                      plan_markdown, plan_rows)
+from generators.plan.estimate import (PLAN_HEADER, MatrixEstimate, RunEstimate, estimate_matrix, plan_markdown,
+                                      plan_rows)
 
 BASE_FIX = "pass a commit, branch or tag of this repository (e.g. origin/main; in CI fetch it first)"
 
@@ -90,16 +91,16 @@ def diff_markdown(d: PlanDiff) -> str:
     n0, g0, c0 = _sum(d.old.runs) if d.old else (0, 0.0, 0.0)
     n1, g1, c1 = _sum(d.new.runs)
     lines = [f"### Plan difference against {d.base}", "",
-             markdown_table(("", "runs", "GPU-hours", "cost, USD"), [
+             table(("", "runs", "GPU-hours", "cost, USD"), [
                  [f"{d.base}" + ("" if d.old else " (no matrix there)"), str(n0), f"{g0:,.1f}", f"{c0:,.2f}"],
                  ["this change", str(n1), f"{g1:,.1f}", f"{c1:,.2f}"],
                  ["difference", f"{n1 - n0:+d}", f"{g1 - g0:+,.1f}", f"{c1 - c0:+,.2f}"]]), ""]
     lines.append(f"Added: {len(d.added)}, removed: {len(d.removed)}, changed: {len(d.changed)} "
                  "(refused runs count in no total).")
     if d.added:
-        lines += ["", "Added:", "", markdown_table(PLAN_HEADER, plan_rows(d.added))]
+        lines += ["", "Added:", "", table(PLAN_HEADER, plan_rows(d.added))]
     if d.removed:
-        lines += ["", "Removed:", "", markdown_table(PLAN_HEADER, plan_rows(d.removed))]
+        lines += ["", "Removed:", "", table(PLAN_HEADER, plan_rows(d.removed))]
     if d.changed:
         lines += ["", "Changed:"]
         for c in d.changed:

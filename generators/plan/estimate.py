@@ -28,11 +28,13 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from generators.core.errors import InputError
+from generators.core.markdown import table
 from generators.matrix.load import Matrix
 from generators.matrix.schema import Cluster, Run
 from generators.plan import Plan
 from generators.plan.cost import PriceTable
-from generators.plan.speed import Speed, Topology, hardware, predict, steps_per_epoch
+from generators.plan.speed import (NETWORK_EFFICIENCY, NVLINK_EFFICIENCY, Speed, Topology, hardware, predict,
+                                   steps_per_epoch)
 from trainer.catalog import INSTANCE_TYPES, MODELS, Architecture, InstanceType
 from trainer.config import ConfigError, TrainConfig, check_topology, to_dict
 from trainer.memory import FIT_FRACTION, estimate_peak_gib, fits, resolve_auto
@@ -299,8 +301,8 @@ def estimate_matrix(matrix: Matrix, plans: Sequence[Plan], prices: PriceTable) -
     """Every run (plans from plan_runs(..., reject_unfit=False)), in matrix order."""
     out: list[RunEstimate] = []
     notes = {"Speed: the compute utilisation measured on one H200 for the same precision, compile and "
-             "checkpointing (benchmarks/results/); collectives at 80% of the NVLink and EFA line rates "
-             "(not measured here).": None}
+             f"checkpointing (benchmarks/results/); collectives at {NVLINK_EFFICIENCY:.0%} of NVLink (measured "
+             f"between two H200s) and {NETWORK_EFFICIENCY:.0%} of the EFA line rate (not measured here).": None}
     for plan in plans:
         tokens, source = dataset_tokens(plan.trainer)
         if not plan.trainer.training.max_steps:
@@ -321,17 +323,6 @@ def estimate_matrix(matrix: Matrix, plans: Sequence[Plan], prices: PriceTable) -
 
 # ---------------------------------------------------------------------------------------------------
 # Rendering: Markdown that reads as plain text too (a pull-request comment and a terminal)
-
-
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> str:
-    """A Markdown table with padded columns; the first `left` columns left-aligned, the rest right."""
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
-
-    def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(c.ljust(w) if i < left else c.rjust(w)
-                                 for i, (c, w) in enumerate(zip(cells, widths))) + " |"
-    rule = "|" + "|".join("-" * (w + 2) if i < left else "-" * (w + 1) + ":" for i, w in enumerate(widths)) + "|"
-    return "\n".join([line(header), rule] + [line(r) for r in rows])
 
 
 def _hours(value: float) -> str:
@@ -380,8 +371,8 @@ def plan_markdown(est: MatrixEstimate) -> str:
              "Predicted before anything runs: GPU memory by trainer/memory.py (the bound `auto` uses is "
              f"{FIT_FRACTION:.0%} of the GPU), speed by generators/plan/speed.py, cost at On-Demand prices "
              "(generators/plan/prices.yaml). Hours count training steps only.", "",
-             markdown_table(PLAN_HEADER, plan_rows(est.runs)), "",
-             markdown_table(("cluster", "runs", "GPU-hours", "cost, USD"),
+             table(PLAN_HEADER, plan_rows(est.runs)), "",
+             table(("cluster", "runs", "GPU-hours", "cost, USD"),
                             [[c, str(n), f"{g:,.1f}", f"{u:,.2f}" + (" (reserved)" if res else "")]
                              for c, n, g, u, res in totals(est.runs)])]
     if est.refused:

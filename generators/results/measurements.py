@@ -13,11 +13,23 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from generators.core.errors import InputError
+from generators.plan.speed import predict_measured
 
 DEFAULT_WARMUP_LOGS = 3
 BENCH_FIX = "pass JSON lines written by benchmarks/common.py emit() (e.g. benchmarks/train_bench.py --json FILE)"
 RUN_FIX = "pass a trainer run directory (metrics.output_dir of trainer/train.py: metrics.jsonl and run.json)"
 INPUT_FIX = "pass benchmark JSON-lines files and/or trainer run directories"
+# A series is one configuration across world sizes: these fields, as a benchmark record's flat
+# config (benchmarks/common.py; the FSDP1 baseline's own keys second) or a trainer run's nested one
+# (run.json) names them.
+CONFIGURATION = (
+    ("model", ("model", "model.name")),
+    ("seq", ("seq_len", "data.seq_len")),
+    ("batch", ("batch_size_per_gpu", "training.batch_size_per_gpu")),
+    ("precision", ("parallelism.precision", "precision")),
+    ("strategy", ("parallelism.sharding_strategy", "sharding")),
+    ("checkpointing", ("parallelism.activation_checkpointing", "activation_checkpointing")),
+)
 
 
 
@@ -35,6 +47,12 @@ class Measurement:
     device: str  # GPU name, "cpu", or "" when the source does not say
     command: str  # the command that measured it (benchmarks), or ""
     note: str = ""  # how the figures were taken, where the command does not say
+    # (field, value) of CONFIGURATION that the source records: what tells apart two configurations
+    # measured under one name.
+    configuration: tuple[tuple[str, Any], ...] = ()
+    # The speed model's figure for this configuration (generators/plan/speed.py); None where it does
+    # not apply (a CPU, the FSDP1 baseline).
+    predicted_tokens_per_s_per_gpu: float | None = None
 
 
 @dataclass(frozen=True)
@@ -51,6 +69,7 @@ class Point:
     efficiency: float  # tokens/s per GPU over that of the series at baseline_world_size
     baseline_world_size: int
     measurements: tuple[Measurement, ...]
+    predicted_tokens_per_s_per_gpu: float | None = None
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -153,6 +172,27 @@ def _text(record: dict[str, Any], key: str, at: _At) -> str:
     return value
 
 
+def _scalar_at(config: dict[str, Any], key: str) -> Any:
+    """config[key] for a flat key, else the nested value at the dotted path; None unless a scalar."""
+    node: Any = config.get(key) if key in config else config
+    if key not in config:
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+    return node if isinstance(node, (str, int, float, bool)) else None
+
+
+def configuration_of(config: Any) -> tuple[tuple[str, Any], ...]:
+    """The CONFIGURATION fields a recorded config has, in CONFIGURATION's order."""
+    if not isinstance(config, dict):
+        return ()
+    out = []
+    for name, keys in CONFIGURATION:
+        value = next((v for v in (_scalar_at(config, k) for k in keys) if v is not None), None)
+        if value is not None:
+            out.append((name, value))
+    return tuple(out)
+
+
 def load_benchmarks(path: Path, label: str) -> list[Measurement]:
     """Every record of a benchmarks/common.py emit() JSON-lines file."""
     out = []
@@ -160,17 +200,25 @@ def load_benchmarks(path: Path, label: str) -> list[Measurement]:
         at = _At(label, line, BENCH_FIX)
         versions = record.get("versions")
         device = versions.get("gpu", "") if isinstance(versions, dict) else ""
+        device = device if isinstance(device, str) else ""
+        world_size = _int(record, "world_size", at)
+        config = record.get("config")
+        # Launch agents (benchmarks/suite.py --nodes) split one host's GPUs between them.
+        agents = record.get("nodes") if type(record.get("nodes")) is int and record.get("nodes") > 0 else 1
+        predicted = (predict_measured(config, world_size, world_size // agents, device, one_host=True)
+                     if isinstance(config, dict) else None)
         out.append(Measurement(
             series=_text(record, "name", at),
-            world_size=_int(record, "world_size", at),
+            world_size=world_size,
             tokens_per_s_per_gpu=_number(record, "tokens_per_s_per_gpu", at, positive=True),
             mfu=_number(record, "mfu", at, positive=False),
             step_time_s=_number(record, "median_step_time_s", at, positive=True),
             peak_mem_gib=(_number(record, "peak_allocated_gib", at, positive=False)
                           if "peak_allocated_gib" in record else None),
             source=f"{label}:{line}",
-            device=device if isinstance(device, str) else "",
+            device=device,
             command=_text(record, "command", at),
+            configuration=configuration_of(config), predicted_tokens_per_s_per_gpu=predicted,
         ))
     return out
 
@@ -199,6 +247,9 @@ def load_run(path: Path, label: str, warmup_logs: int) -> Measurement:
     if strategy == "HYBRID_SHARD":
         series += f" (shard groups of {_int(info, 'mesh.shard', at_info)})"
     device = info.get("device_name")
+    local = info.get("local_world_size")
+    predicted = (predict_measured(info["config"], world_size, local, device)
+                 if type(local) is int and isinstance(device, str) and isinstance(info.get("config"), dict) else None)
 
     kept: list[tuple[float, float, float, float]] = []
     previous: tuple[int, int] | None = None
@@ -234,7 +285,8 @@ def load_run(path: Path, label: str, warmup_logs: int) -> Measurement:
         step_time_s=statistics.median(columns[2]), peak_mem_gib=statistics.median(columns[3]),
         source=label, device=device if isinstance(device, str) else "", command="",
         note=f"median of {len(kept)} logged steps after {warmup_logs} warm-up logs per launch "
-             f"({launches} launch(es))")
+             f"({launches} launch(es))",
+        configuration=configuration_of(info["config"]), predicted_tokens_per_s_per_gpu=predicted)
 
 
 def load(inputs: Sequence[str], warmup_logs: int) -> list[Measurement]:
@@ -262,11 +314,27 @@ def _median_or_none(values: Sequence[float | None]) -> float | None:
     return statistics.median(known) if known else None
 
 
-def summarise(measurements: Sequence[Measurement], baseline_world_size: int | None = None) -> list[Point]:
-    """Group into series, combine repeats by the median, and compute totals and efficiency."""
-    groups: dict[tuple[str, int], list[Measurement]] = {}
+def series_labels(measurements: Sequence[Measurement]) -> list[str]:
+    """Each measurement's series: its name, and where one name covers several configurations (a
+    suite run over models, say), the CONFIGURATION fields that tell them apart, so each scales alone."""
+    seen: dict[str, set[tuple[tuple[str, Any], ...]]] = {}
     for m in measurements:
-        groups.setdefault((m.series, m.world_size), []).append(m)
+        seen.setdefault(m.series, set()).add(m.configuration)
+    labels = []
+    for m in measurements:
+        configs = seen[m.series]
+        differing = [name for name, _ in CONFIGURATION if len({dict(c).get(name) for c in configs}) > 1]
+        mine = dict(m.configuration)
+        fields = ", ".join(f"{name} {mine.get(name, '-')}" for name in differing)
+        labels.append(f"{m.series} ({fields})" if differing else m.series)
+    return labels
+
+
+def summarise(measurements: Sequence[Measurement], baseline_world_size: int | None = None) -> list[Point]:
+    """Group into series (series_labels), combine repeats by the median, and compute totals and efficiency."""
+    groups: dict[tuple[str, int], list[Measurement]] = {}
+    for m, label in zip(measurements, series_labels(measurements)):
+        groups.setdefault((label, m.world_size), []).append(m)
     points: list[Point] = []
     for name in sorted({series for series, _ in groups}):
         sizes = sorted(size for series, size in groups if series == name)
@@ -286,7 +354,8 @@ def summarise(measurements: Sequence[Measurement], baseline_world_size: int | No
                 step_time_s=statistics.median(m.step_time_s for m in group),
                 peak_mem_gib=_median_or_none([m.peak_mem_gib for m in group]),
                 efficiency=per_gpu[size] / per_gpu[baseline], baseline_world_size=baseline,
-                measurements=tuple(group)))
+                measurements=tuple(group),
+                predicted_tokens_per_s_per_gpu=_median_or_none([m.predicted_tokens_per_s_per_gpu for m in group])))
     return points
 
 

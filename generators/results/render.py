@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from generators.core.markdown import cell, table
 from generators.results.measurements import Point
 from generators.results.svgchart import Series, line_chart
 
@@ -10,25 +11,24 @@ GENERATOR = "generators/report.py"
 
 
 COLUMNS = ("series", "GPUs", "tokens/s per GPU", "tokens/s", "MFU", "scaling efficiency", "step time (s)",
-           "peak memory (GiB)", "measurements")
+           "peak memory (GiB)", "measurements", "predicted tokens/s per GPU (error)")
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
+def _predicted(p: Point) -> str:
+    """The speed model's figure and its error against the measurement, or - where it has none."""
+    if p.predicted_tokens_per_s_per_gpu is None:
+        return "-"
+    predicted = p.predicted_tokens_per_s_per_gpu
+    return f"{predicted:,.0f} ({predicted / p.tokens_per_s_per_gpu - 1:+.0%})"
 
 
 def markdown_table(points: Sequence[Point]) -> str:
     """The report table, columns padded so it also reads as plain text."""
-    rows = [[_cell(p.series), str(p.world_size), f"{p.tokens_per_s_per_gpu:,.0f}", f"{p.tokens_per_s:,.0f}",
+    rows = [[cell(p.series), str(p.world_size), f"{p.tokens_per_s_per_gpu:,.0f}", f"{p.tokens_per_s:,.0f}",
              f"{p.mfu:.1%}", f"{p.efficiency:.1%}", f"{p.step_time_s:.4f}",
-             "-" if p.peak_mem_gib is None else f"{p.peak_mem_gib:.1f}", str(len(p.measurements))]
+             "-" if p.peak_mem_gib is None else f"{p.peak_mem_gib:.1f}", str(len(p.measurements)), _predicted(p)]
             for p in points]
-    widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(COLUMNS)]
-    # The series column is left-aligned, every figure right-aligned.
-    line = lambda cells: "| " + " | ".join(  # noqa: E731
-        c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))) + " |"
-    rule = "|" + "|".join(("-" * (w + 2)) if i == 0 else ("-" * (w + 1) + ":") for i, w in enumerate(widths)) + "|"
-    return "\n".join([line(COLUMNS), rule] + [line(r) for r in rows])
+    return table(COLUMNS, rows)
 
 
 def _by_series(points: Sequence[Point]) -> list[list[Point]]:
@@ -92,7 +92,7 @@ def report_markdown(points: Sequence[Point], baseline_world_size: int | None) ->
         for m in p.measurements:
             device = f" ({m.device})" if m.device else ""
             note = _code(m.command) if m.command else m.note
-            lines.append(f"- {_cell(p.series)}, {p.world_size} GPU{'s' if p.world_size != 1 else ''}: "
+            lines.append(f"- {cell(p.series)}, {p.world_size} GPU{'s' if p.world_size != 1 else ''}: "
                          f"{m.source}{device}: {note}")
     return "\n".join(lines) + "\n"
 
