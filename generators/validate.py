@@ -2,7 +2,8 @@
 
     python generators/validate.py                       # the whole repository
     python generators/validate.py overlays/runs/fsdp-p5 # only what lies under the given paths
-    python generators/validate.py --crd-schemas ../shared/schemas/crds --k8s-version 1.33.0
+    python generators/validate.py --crd-schemas DIR --k8s-version 1.33.0
+    python generators/validate.py --server              # also a server-side dry-run against a real API server
 
 Steps, in order. Each problem is one line `<file>[:<line>]: <Kind>/<name>: <message>` on stderr, a
 summary goes to stdout; exit 1 when there is any problem, 2 on bad options (one line).
@@ -23,6 +24,11 @@ summary goes to stdout; exit 1 when there is any problem, 2 on bad options (one 
    type, torchrun's processes per node, unique rendezvous ids and output directories, no privileged
    training pod, no `latest` or untagged image, no inline secret, no unencrypted Secret.
 
+6. With --server: every overlay Flux applies (under PATHS) is sent with `kubectl apply --dry-run=server
+   --server-side` to a real kube-apiserver with the pinned CRDs, started on loopback and stopped
+   afterwards (tools/cluster/dryrun.py; the first run builds the API server: minutes). Problems are
+   `<overlay path>: <the API server's message>`.
+
 The steps live in generators/validation/ (index.py: files and builds; schemas.py: kubeconform;
 pipeline.py: the order). A problem in a build names the input file that set the offending field (the overlay's own patch
 before its bases), and a mistake in a base that shows in every build using it is reported once.
@@ -36,17 +42,19 @@ import click
 
 from generators.core.cli import Failure, errors_to_exit_codes
 from generators.validation.pipeline import Report, repository_root, validate
-from generators.validation.schemas import CRD_SCHEMAS_ENV, K8S_VERSION, default_crd_dir
+from generators.validation.schemas import CRD_SCHEMAS_ENV, K8S_VERSION, cluster_tools, default_crd_dir
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--crd-schemas", "crd_schemas", type=click.Path(path_type=Path), default=None,
               help=f"CRD JSON schemas in the {{group}}/{{kind}}_{{version}}.json layout "
-                   f"[default: ${CRD_SCHEMAS_ENV}, else ../shared/schemas/crds beside the repository]")
+                   f"[default: ${CRD_SCHEMAS_ENV}, else generated from the pinned CRDs into .tools/schemas/crds]")
 @click.option("--k8s-version", default=K8S_VERSION, show_default=True,
               help="Kubernetes version of the core schemas (from the kubernetes-validate package).")
+@click.option("--server", is_flag=True,
+              help="Also dry-run every overlay Flux applies against a real kube-apiserver with the pinned CRDs.")
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @errors_to_exit_codes
-def main(crd_schemas: Path | None, k8s_version: str, paths: tuple[Path, ...]) -> None:
+def main(crd_schemas: Path | None, k8s_version: str, server: bool, paths: tuple[Path, ...]) -> None:
     """Validate the repository (or PATHS in it): YAML, kustomize builds, schemas, Flux graph, semantics."""
     root: Path = repository_root(paths, default=Path(__file__).resolve().parent.parent)
     rel = [os.path.relpath(p.resolve(), root) for p in paths]
@@ -59,7 +67,15 @@ def main(crd_schemas: Path | None, k8s_version: str, paths: tuple[Path, ...]) ->
                f"{report.num_resources} resources, {report.num_flux_kustomizations} Flux Kustomizations, "
                f"{report.num_pytorchjobs} PyTorchJobs "
                f"in {report.seconds:.1f}s: {status}")
-    if report.problems:
+    server_problems: list[str] = []
+    if server:
+        # A real API server on loopback: started only when asked (tools/cluster/dryrun.py).
+        checked, server_problems = cluster_tools("dryrun").server_problems(root, rel)
+        for p in server_problems:
+            click.echo(p, err=True)
+        click.echo(f"server-side dry-run of {checked} overlays: "
+                   f"{f'{len(server_problems)} problem(s)' if server_problems else 'OK'}")
+    if report.problems or server_problems:
         raise Failure("")  # the problems and the summary are printed above
 
 

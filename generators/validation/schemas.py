@@ -21,7 +21,7 @@ from generators.validation.manifests import Doc, Problem, meta, obj_name
 
 # Kubernetes version the core schemas are prepared for (the EKS version the clusters run).
 K8S_VERSION = "1.33.0"
-# CRD schemas: the datreeio/CRDs-catalog layout, beside the checkout unless the environment says otherwise.
+# CRD schemas: the datreeio/CRDs-catalog layout, generated from the pinned CRDs unless the environment names a folder.
 CRD_SCHEMAS_ENV = "FSDP_GITOPS_CRD_SCHEMAS"
 CRD_SCHEMA_TEMPLATE = "{{.Group}}/{{.ResourceKind}}_{{.ResourceAPIVersion}}.json"
 # kubeconform's own naming of core schemas (KindSuffix is -<group prefix>-<version>, e.g. -apps-v1).
@@ -31,7 +31,7 @@ SCHEMA_CACHE = REPO_ROOT / ".tools" / "schemas"
 
 # Documents that are inputs of tools, not objects for a cluster: they never reach kubeconform with the
 # core and CRD schemas. (apiVersion, kind) -> the JSON schema kubeconform checks them against instead,
-# relative to the parent of the CRD schema directory (shared/schemas/, where CI assembles both), or
+# relative to the parent of the CRD schema directory (.tools/schemas/, where tools/cluster/schemas.py writes both), or
 # None when another step checks them.
 NON_CLUSTER_SCHEMAS: dict[tuple[str, str], str | None] = {
     # kustomize's own inputs: checked by building them.
@@ -45,10 +45,28 @@ NON_CLUSTER_SCHEMAS: dict[tuple[str, str], str | None] = {
 }
 
 
+def cluster_tools(module: str):
+    """tools.cluster.<module> of this checkout (tools/ is repository tooling, not part of the installed
+    package, so the checkout's root goes on the import path)."""
+    import importlib
+    import sys
+
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.append(str(REPO_ROOT))
+    return importlib.import_module(f"tools.cluster.{module}")
+
+
 def default_crd_dir(root: Path = REPO_ROOT) -> Path:
-    """$FSDP_GITOPS_CRD_SCHEMAS, else ../shared/schemas/crds beside the repository."""
+    """$FSDP_GITOPS_CRD_SCHEMAS, else the schemas tools/cluster/schemas.py converts from the pinned CRD
+    sources into .tools/schemas/crds (made on first use, then reused until a pin changes)."""
     env = os.environ.get(CRD_SCHEMAS_ENV)
-    return Path(env) if env else (root / ".." / "shared" / "schemas" / "crds").resolve()
+    if env:
+        return Path(env)
+    pinned = cluster_tools("schemas")  # the same CRDs the cluster harness installs
+    try:
+        return pinned.generate()
+    except pinned.SchemaError as e:
+        raise ToolError(f"CRD schemas from the pinned sources: {e}") from None
 
 
 def kubernetes_validate_dir(version: str) -> Path:

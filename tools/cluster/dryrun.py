@@ -2,6 +2,7 @@
 
     problems = server_dry_run(cluster, REPO_ROOT)          # [] when every overlay is accepted
     python -m tools.cluster.dryrun [PATH ...]               # start an API server, check, stop
+    python generators/validate.py --server                  # the same after the static validation
 
 The overlays are the ones the clusters' Flux entry points name: overlays/clusters/<cluster> itself
 and every path of its Flux Kustomizations that read this repository (runs, infrastructure,
@@ -101,17 +102,25 @@ def server_dry_run(cluster: harness.Cluster, root: Path, paths: list[str] | None
     return problems
 
 
-def main(argv: list[str]) -> int:
-    root = harness.REPO_ROOT
-    paths = [str(Path(p).resolve().relative_to(root)).rstrip("/") for p in argv] or None
+def server_problems(root: Path, under: list[str] | None = None) -> tuple[int, list[str]]:
+    """Start an API server with the pinned CRDs, dry-run the overlays (those under `under`, if given),
+    stop it; (number of overlays checked, problems)."""
+    paths = [p for p in overlay_paths(root)
+             if not under or any(p == u or p.startswith(u.rstrip("/") + "/") or u in (".", "") for u in under)]
+    if not paths:
+        return 0, []
     cluster = harness.Cluster.start("api")
     try:
-        problems = server_dry_run(cluster, root, paths)
+        return len(paths), server_dry_run(cluster, root, paths)
     finally:
         cluster.stop()
+
+
+def main(argv: list[str]) -> int:
+    root = harness.REPO_ROOT
+    checked, problems = server_problems(root, [str(Path(p).resolve().relative_to(root)) for p in argv] or None)
     for p in problems:
         print(p)
-    checked = len(paths) if paths else len(overlay_paths(root))
     print(f"server-side dry-run of {checked} overlays: {'OK' if not problems else f'{len(problems)} problem(s)'}",
           file=sys.stderr)
     return 1 if problems else 0
