@@ -12,9 +12,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from trainer.config import DataConfig
 from trainer.data import ByteTokenizer, build_dataset
 from trainer_support import REPO_ROOT
+
+# Every test starts the CLI, which imports `datasets` (seconds each).
+pytestmark = pytest.mark.slow
 
 SAMSUM_ROWS = [
     {"id": "1", "dialogue": "Ann: hi\nBob: hello", "summary": "Ann and Bob greet."},
@@ -114,3 +119,18 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path):
         assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), (expected, done)
         assert expected in lines[0], (expected, lines)
         assert tree(data) == before, expected
+
+
+def test_two_runs_at_once_write_once(tmp_path):
+    src, out = samsum_folder(tmp_path), tmp_path / "data" / "samsum"
+    env = dict(os.environ, HF_HOME=str(tmp_path / "hf"), HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1",
+               PYTHONPATH=str(REPO_ROOT))
+    cmd = [sys.executable, "-m", "trainer.prepare_data", "--dataset", str(src), "--format", "samsum",
+           "--out", str(out)]
+    procs = [subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    results = [proc.communicate(timeout=120) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], results
+    said = sorted(stdout.split()[0] for stdout, _ in results)
+    assert said == ["already", "prepared"], results
+    assert len((out / "train.jsonl").read_text().splitlines()) == 3
