@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from generators.core import writer
+from generators.core import outdir, writer
 from generators.core.gotools import tool
 from generators.matrix import expand, load
 from generators.plan import plan
@@ -37,8 +37,8 @@ def expected_files() -> dict[str, bytes]:
 def test_golden_overlays_match():
     expected = expected_files()
     if os.environ.get("UPDATE_GOLDEN") == "1":
-        writer.write(GOLDEN, expected)
-    changes = writer.compare(GOLDEN, expected)
+        outdir.write(GOLDEN, expected, generator=writer.GENERATOR, banner=writer.banner_prefix().encode())
+    changes = outdir.compare(GOLDEN, expected, generator=writer.GENERATOR, banner=writer.banner_prefix().encode())
     assert not changes.all(), (
         f"golden overlays differ: {changes.all()}; if the change is intended run: "
         "UPDATE_GOLDEN=1 python -m pytest tests/test_expand_golden.py")
@@ -95,10 +95,15 @@ def test_every_golden_overlay_builds_into_the_run_it_describes():
         assert worker["replicas"] == int(f["nnodes"])
         gpus = c["resources"]["limits"]["nvidia.com/gpu"]
         assert int(f["nproc_per_node"]) == gpus == int(job["spec"]["nprocPerNode"])
-        assert c["resources"]["requests"] == c["resources"]["limits"]
+        # Devices: requests equal limits; CPU and memory: requests only (the node's share, no cap).
+        assert {k: v for k, v in c["resources"]["requests"].items() if "/" in k} == c["resources"]["limits"]
+        assert set(c["resources"]["requests"]) - set(c["resources"]["limits"]) == {"cpu", "memory"}
         assert f["rdzv-id"] == name
-        assert c["command"][0] == "torchrun"
+        # torchrun through trainer.launch, with restarts that resume from the checkpoints.
+        assert c["command"][:3] == ["python", "-m", "trainer.launch"] and int(f["max-restarts"]) > 0
         assert c["command"][-4:] == ["-m", "trainer.train", "--config", "/etc/fsdp/train.yaml"]
+        grace = pod["terminationGracePeriodSeconds"]
+        assert grace > int({e["name"]: e.get("value") for e in c["env"]}["FSDP_TERM_GRACE_S"]) > 0
         assert c["image"].endswith(":0.1.0") and c["securityContext"]["privileged"] is False
         assert pod["volumes"][1]["configMap"]["name"] == f"{name}-config"
         assert cfg["checkpoint"]["dir"] == f"/shared/checkpoints/{name}"

@@ -164,9 +164,11 @@ def gpu_workloads(docs: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, A
 
 
 def test_gpu_workloads_follow_the_node_affinity_contract(controllers: list[dict[str, Any]]) -> None:
-    found = list(gpu_workloads(controllers))
+    # The node tools are built on their own (a Flux Kustomization nothing depends on).
+    found = list(gpu_workloads(controllers + build("base/node-tools")))
     assert {label for label, _, _ in found} == {"DaemonSet/htop", "DaemonSet/nvtop", "HelmRelease/dcgm-exporter",
                                                 "DaemonSet/nvidia-device-plugin", "DaemonSet/efa-device-plugin"}
+    assert not [d for d in controllers if d["metadata"].get("namespace") == "node-tools"]
     for label, affinity, tolerations in found:
         terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
         assert len(terms) == 1, label
@@ -177,9 +179,10 @@ def test_gpu_workloads_follow_the_node_affinity_contract(controllers: list[dict[
         assert {t["key"] for t in tolerations} >= GPU_TAINTS, label
 
 
-def test_node_tools_are_unprivileged_and_images_pinned(controllers: list[dict[str, Any]]) -> None:
+def test_node_tools_are_unprivileged_and_images_pinned() -> None:
+    tools = build("base/node-tools")
     for name in ("htop", "nvtop"):
-        ds = find(controllers, "DaemonSet", name)
+        ds = find(tools, "DaemonSet", name)
         assert ds["metadata"]["namespace"] == "node-tools"
         pod = ds["spec"]["template"]["spec"]
         assert pod["hostPID"] is True
@@ -244,7 +247,8 @@ def test_kueue_components_build_and_validate_when_enabled(tmp_path: Path) -> Non
                              if d["metadata"]["name"] == "kueue"}
 
 
-def test_kueue_is_off_by_default(controllers: list[dict[str, Any]], configs: list[dict[str, Any]]) -> None:
+def test_kueue_is_not_in_the_shared_bases(controllers: list[dict[str, Any]], configs: list[dict[str, Any]]) -> None:
+    # Each cluster's overlays add the components (on by default, `kueue: false` in the matrix turns them off).
     assert not [d for d in controllers + configs if "kueue" in d["apiVersion"] or d["metadata"]["name"] == "kueue"]
 
 

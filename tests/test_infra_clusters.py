@@ -25,7 +25,8 @@ from generators.plan import ClusterPlan, plan
 from generators.render import OVERLAYS, render
 from generators.core.gotools import REPO_ROOT, tool
 
-# fsdp-p5: two GPU instance types, a non-default namespace, runs. fsdp-p4de: no runs at all.
+# fsdp-p5: two GPU instance types, a non-default namespace, runs on a staged dataset, Kueue (the
+# default). fsdp-p4de: no runs at all, no Kueue.
 MATRIX = """\
 apiVersion: fsdp-gitops/v1
 kind: ExperimentMatrix
@@ -38,11 +39,11 @@ clusters:
     namespace: llm
     max_nodes: 2
     shared_storage_gib: 2400
-  fsdp-p4de: {region: us-east-1, availability_zones: [us-east-1b], instance_types: [p4de.24xlarge]}
+  fsdp-p4de: {region: us-east-1, availability_zones: [us-east-1b], instance_types: [p4de.24xlarge], kueue: false}
 defaults:
   cluster: fsdp-p5
   model: llama2-7b
-  trainer: {data: {path: /shared/data/samsum.jsonl}}
+  trainer: {data: {path: /shared/data/samsum/train.jsonl}}
 axes:
   instance_type: [p5.48xlarge, p5en.48xlarge]
   nodes: [1, 2]
@@ -88,8 +89,9 @@ def test_rendered_clusters_validate_with_their_flux_graph(tree: tuple[Path, matr
     root, _ = tree
     report = pipeline.validate(root, crd_dir=schemas.default_crd_dir())
     assert report.problems == [], "\n".join(map(str, report.problems))
-    # 2 clusters x 4 infrastructure, 4 runs, and the Training Operator's own Kustomization per cluster.
-    assert report.num_flux_kustomizations == 2 * 4 + 4 + 2
+    # 2 clusters x 4 infrastructure (controllers, configs, secrets, node tools), data staging and image
+    # automation in fsdp-p5 only, 4 runs, and the Training Operator's own Kustomization per cluster.
+    assert report.num_flux_kustomizations == 2 * 4 + 2 + 4 + 2
 
 
 @pytest.mark.slow
@@ -107,6 +109,17 @@ def test_infrastructure_chain_is_controllers_configs_secrets(tree: tuple[Path, m
     by_name = {d["metadata"]["name"]: d["spec"] for d in docs}
     images = by_name.pop("image-automation")
     assert images["path"] == "./base/image-automation" and "dependsOn" not in images
+    # Only the first cluster of the matrix runs the image automation (each would push the same commit).
+    assert "image-automation" not in {d["metadata"]["name"] for d in
+                                      load_all(root / "overlays/clusters/fsdp-p4de/infrastructure.yaml")}
+    # The node tools hang off nothing and nothing waits for them.
+    tools = by_name.pop("node-tools")
+    assert tools["path"] == "./overlays/infrastructure/fsdp-p5/node-tools" and "dependsOn" not in tools
+    assert tools["wait"] is False
+    # The data staging waits for its Jobs (Ready = data on the volume) and may replace a changed Job.
+    data = by_name.pop("data-staging")
+    assert data["path"] == "./overlays/infrastructure/fsdp-p5/data"
+    assert data["dependsOn"] == [{"name": "infra-configs"}] and data["wait"] is True and data["force"] is True
     assert list(by_name) == ["infra-controllers", "infra-configs", "secrets"]
     assert "dependsOn" not in by_name["infra-controllers"]
     assert by_name["infra-configs"]["dependsOn"] == [{"name": "infra-controllers"}]
@@ -132,7 +145,8 @@ def test_one_kustomization_per_run_after_infra_configs(tree: tuple[Path, matrix.
         run = d["metadata"]["name"].removeprefix("run-")
         assert spec["path"] == f"./overlays/runs/fsdp-p5/{run}"
         assert (root / spec["path"]).is_dir()
-        assert spec["dependsOn"] == [{"name": "infra-configs"}]
+        # After the data: no PyTorchJob (so no GPU node) before the dataset is on the volume.
+        assert spec["dependsOn"] == [{"name": "infra-configs"}, {"name": "data-staging"}]
         assert spec["prune"] is True and spec["wait"] is False
         assert "targetNamespace" not in spec
         assert len(d["metadata"]["name"]) <= 63
@@ -173,8 +187,13 @@ def test_gpu_workloads_are_pinned_to_the_cluster_instance_types(tree: tuple[Path
                 continue
             terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
             pinned[f"{d['kind']}/{d['metadata']['name']}"] = terms[0]["matchExpressions"][0]["values"]
-        assert set(pinned) == {"DaemonSet/htop", "DaemonSet/nvtop", "HelmRelease/dcgm-exporter"}
+        assert set(pinned) == {"DaemonSet/nvidia-device-plugin", "DaemonSet/efa-device-plugin",
+                               "HelmRelease/dcgm-exporter"}
         assert all(values == list(cluster.instance_types) for values in pinned.values()), (name, pinned)
+        tools = {d["metadata"]["name"]: d["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"][0]["values"]
+            for d in built(root / f"overlays/infrastructure/{name}/node-tools") if d["kind"] == "DaemonSet"}
+        assert tools == {"htop": list(cluster.instance_types), "nvtop": list(cluster.instance_types)}
 
 
 @pytest.mark.slow
@@ -197,7 +216,7 @@ def test_a_base_that_breaks_the_contract_fails_the_cluster_build(tmp_path: Path)
     ds.write_text(ds.read_text().replace(
         "              - matchExpressions:\n",
         "              - matchExpressions:\n                  - {key: kubernetes.io/os, operator: In, values: [linux]}\n"))
-    out = kustomize_build(tmp_path / "overlays/infrastructure/fsdp-p5/controllers")
+    out = kustomize_build(tmp_path / "overlays/infrastructure/fsdp-p5/node-tools")
     assert out.returncode != 0
     assert "nvtop" in out.stderr or "test" in out.stderr
 
@@ -221,20 +240,31 @@ def test_configs_hold_the_run_namespace_and_shared_volume(tree: tuple[Path, matr
 
 
 @pytest.mark.slow
-def test_kueue_queues_are_sized_to_the_cluster_when_enabled(tmp_path: Path) -> None:
-    m = make_tree(tmp_path)
-    configs = tmp_path / "base/infrastructure/configs/kustomization.yaml"
-    configs.write_text(configs.read_text() + "components:\n  - ../../components/kueue/queues\n")
-    docs = built(tmp_path / "overlays/infrastructure/fsdp-p5/configs")
+def test_kueue_queues_are_sized_to_the_cluster_when_enabled(tree: tuple[Path, matrix.Matrix]) -> None:
+    root, m = tree
+    docs = built(root / "overlays/infrastructure/fsdp-p5/configs")
     (lq,) = [d for d in docs if d["kind"] == "LocalQueue"]
     assert lq["metadata"]["namespace"] == "llm"
     (cq,) = [d for d in docs if d["kind"] == "ClusterQueue"]
     quota = {r["name"]: r["nominalQuota"] for r in cq["spec"]["resourceGroups"][0]["flavors"][0]["resources"]}
-    cluster = m.clusters["fsdp-p5"]
+    types = [INSTANCE_TYPES[t] for t in m.clusters["fsdp-p5"].instance_types]
+    # max_nodes (2) of each GPU instance type; CPU and memory too, which the training pods request.
     assert quota == {
-        "nvidia.com/gpu": sum(2 * INSTANCE_TYPES[t].num_gpus for t in cluster.instance_types),
-        "vpc.amazonaws.com/efa": sum(2 * INSTANCE_TYPES[t].num_efa for t in cluster.instance_types),
+        "nvidia.com/gpu": sum(2 * t.num_gpus for t in types),
+        "vpc.amazonaws.com/efa": sum(2 * t.num_efa for t in types),
+        "cpu": sum(2 * t.num_vcpus for t in types),
+        "memory": f"{sum(2 * t.host_memory_gib for t in types)}Gi",
     }
+    controllers = built(root / "overlays/infrastructure/fsdp-p5/controllers")
+    assert any(d["kind"] == "HelmRelease" and d["metadata"]["name"] == "kueue" for d in controllers)
+    # Every job of the cluster carries the queue label, so Kueue admits it as one gang.
+    for k in sorted((root / "overlays/runs/fsdp-p5").glob("*/kustomization.yaml")):
+        (job,) = [d for d in built(k.parent) if d["kind"] == "PyTorchJob"]
+        assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == lq["metadata"]["name"]
+    # A cluster with kueue: false gets neither the controller nor the queues.
+    for part in ("controllers", "configs"):
+        assert not [d for d in built(root / f"overlays/infrastructure/fsdp-p4de/{part}")
+                    if "kueue" in d["apiVersion"] or d["metadata"]["name"] == "kueue"]
 
 
 @pytest.mark.slow

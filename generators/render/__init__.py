@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from generators.plan import ClusterPlan
-from generators.render.flux import render_cluster
+from generators.render.flux import KUEUE_QUEUE, render_cluster
 from generators.render.layout import OVERLAYS, Layout, layout_for
 from generators.render.runs import render_run
 
@@ -20,10 +20,12 @@ def render(plans: Sequence[ClusterPlan], layout: Layout = OVERLAYS) -> dict[str,
     """Every file generators/expand.py writes: per cluster, its run overlays, Flux entry and
     infrastructure."""
     files: dict[str, Any] = {}
-    for plan in plans:
+    for i, plan in enumerate(plans):
+        queue = KUEUE_QUEUE if plan.cluster.kueue else ""
         for p in plan.runs:
-            files.update(render_run(p, layout))
-        for path, manifest in render_cluster(plan, layout).items():
+            files.update(render_run(p, layout, queue))
+        # The image automation commits to git: one cluster (the first of the matrix) runs it.
+        for path, manifest in render_cluster(plan, layout, image_automation=i == 0).items():
             if path in files:
                 raise ValueError(f"two renderers produce {path}")
             files[path] = manifest

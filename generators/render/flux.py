@@ -15,19 +15,27 @@ For a cluster `<c>` of the matrix, paths relative to the output directory (overl
 `flux bootstrap ... --path=overlays/clusters/<c>` makes Flux apply clusters/<c>/; the objects there
 pull in the rest, in this order (each `dependsOn` waits for the Ready condition of the one before):
 
-    infra-controllers   etcd, Training Operator (its own Flux Kustomization), kube-prometheus-stack,
-                        dcgm-exporter, node tools. wait: true, so Ready means CRDs are established,
+    infra-controllers   device plugins, cluster autoscaler, etcd, Training Operator (its own Flux
+                        Kustomization), kube-prometheus-stack, dcgm-exporter, Kueue (when the
+                        cluster has it). wait: true, so Ready means CRDs are established,
                         HelmReleases installed and Deployments/DaemonSets rolled out.
     infra-configs       monitors, rules, dashboard, the run namespace, the shared PVC. wait: false:
                         none of these has a rollout to wait for, and a PVC whose StorageClass binds
                         on first use stays Pending until a run mounts it, so waiting would deadlock.
     secrets             base/secrets/<c> (SOPS-encrypted Secret hf-token), decrypted by
                         kustomize-controller with the age key in Secret flux-system/sops-age.
-    image-automation    base/image-automation: Flux writes new trainer image tags into base/pytorchjob.
+    data-staging        infrastructure/<c>/data (generators/render/data.py): a Job per dataset the
+                        runs read, after infra-configs (namespace, PVC). wait: true (Ready once every
+                        Job completed), force: true (a Job is immutable; a changed one is replaced).
+                        Only where the cluster's runs read a staged dataset.
+    node-tools          infrastructure/<c>/node-tools: htop and nvtop on the GPU nodes. On its own:
+                        a node tool that cannot pull its image must not hold back any run.
+    image-automation    base/image-automation: Flux writes new trainer image tags into base/. Only in
+                        the first cluster of the matrix (every cluster would push the same commit).
                         Independent of the chain; it needs the image controllers that
                         `flux bootstrap --components-extra=image-reflector-controller,image-automation-controller`
                         installs, and a repository URL Flux may push to (ssh:// with the bootstrap key).
-    run-<run>           one per run, after infra-configs; wait: false because a PyTorchJob has no
+    run-<run>           one per run, after infra-configs and data-staging; wait: false because a PyTorchJob has no
                         status Flux can read as "ready" before it finishes, and a job runs for hours:
                         Ready means "applied", the Training Operator reports progress. One
                         Kustomization per run keeps a failed or invalid run from blocking the others.
@@ -50,6 +58,7 @@ from typing import Any, Sequence
 from generators.core.writer import JsonPatch
 from generators.matrix.schema import Cluster, GitSource
 from generators.plan import ClusterPlan, Plan
+from generators.render.data import render_data
 from generators.render.layout import Layout
 from generators.render.preflight import preflight_dir, render_preflight
 from trainer.catalog import INSTANCE_TYPES
@@ -78,25 +87,40 @@ _AFFINITY = "/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecuti
 # matchExpression that holds the instance types, patch file). tests/test_infra_clusters.py checks
 # that this covers every workload of the base that carries the contract.
 GPU_WORKLOADS: tuple[tuple[dict[str, str], str, str], ...] = (
-    ({"group": "apps", "version": "v1", "kind": "DaemonSet", "namespace": "node-tools", "name": "htop"},
-     "/spec/template/spec" + _AFFINITY, "daemonset.gpu-nodes.yaml"),
-    ({"group": "apps", "version": "v1", "kind": "DaemonSet", "namespace": "node-tools", "name": "nvtop"},
-     "/spec/template/spec" + _AFFINITY, "daemonset.gpu-nodes.yaml"),
+    ({"group": "apps", "version": "v1", "kind": "DaemonSet", "namespace": "device-plugins",
+      "name": "nvidia-device-plugin"}, "/spec/template/spec" + _AFFINITY, "daemonset.gpu-nodes.yaml"),
+    ({"group": "apps", "version": "v1", "kind": "DaemonSet", "namespace": "device-plugins",
+      "name": "efa-device-plugin"}, "/spec/template/spec" + _AFFINITY, "daemonset.gpu-nodes.yaml"),
     ({"group": "helm.toolkit.fluxcd.io", "version": "v2", "kind": "HelmRelease", "namespace": "monitoring",
       "name": "dcgm-exporter"},
      "/spec/values" + _AFFINITY, "helmrelease.gpu-nodes.yaml"),
 )
+# The same contract for the node tools (base/node-tools), in their own overlay and Flux Kustomization.
+NODE_TOOL_WORKLOADS: tuple[tuple[dict[str, str], str, str], ...] = tuple(
+    ({"group": "apps", "version": "v1", "kind": "DaemonSet", "namespace": "node-tools", "name": name},
+     "/spec/template/spec" + _AFFINITY, "daemonset.gpu-nodes.yaml") for name in ("htop", "nvtop"))
+# base/cluster-autoscaler's auto-discovery argument; the controllers overlay puts the cluster's name in.
+AUTOSCALER_DISCOVERY = ("--node-group-auto-discovery=asg:tag=k8s.io/cluster-autoscaler/enabled,"
+                        "k8s.io/cluster-autoscaler/{cluster}")
+AUTOSCALER_ARG = "/spec/template/spec/containers/0/command/2"
+KUEUE_CONTROLLER = "base/components/kueue/controller"
+KUEUE_QUEUES = "base/components/kueue/queues"
 
 
-def render_cluster(plan: ClusterPlan, layout: Layout) -> dict[str, Any]:
-    """{path relative to the output directory: manifest dict or list of manifest dicts}; no I/O."""
+def render_cluster(plan: ClusterPlan, layout: Layout, *, image_automation: bool = True) -> dict[str, Any]:
+    """{path relative to the output directory: manifest dict or list of manifest dicts}; no I/O.
+    `image_automation`: this cluster runs the trainer image automation (one cluster of the matrix)."""
     cluster = plan.cluster
     c = cluster.name
     runs = sorted(plan.runs, key=lambda p: p.name)
+    data = render_data(plan, layout)
     out: dict[str, Any] = {
         f"clusters/{c}/sources.yaml": git_repository(plan.source, layout),
-        f"clusters/{c}/infrastructure.yaml": infrastructure_kustomizations(c, layout),
-        f"infrastructure/{c}/controllers/kustomization.yaml": controllers_kustomization(c, layout),
+        f"clusters/{c}/infrastructure.yaml": infrastructure_kustomizations(c, layout, staged=bool(data),
+                                                                          image_automation=image_automation),
+        f"infrastructure/{c}/controllers/kustomization.yaml": controllers_kustomization(cluster, layout),
+        f"infrastructure/{c}/controllers/deployment.cluster-autoscaler.yaml": autoscaler_patch(cluster),
+        f"infrastructure/{c}/node-tools/kustomization.yaml": node_tools_kustomization(c, layout),
         f"infrastructure/{c}/configs/kustomization.yaml": configs_kustomization(cluster, layout),
         f"infrastructure/{c}/configs/namespace.yaml": run_namespace(cluster),
         f"infrastructure/{c}/configs/pvc.yaml": shared_pvc(cluster),
@@ -104,11 +128,14 @@ def render_cluster(plan: ClusterPlan, layout: Layout) -> dict[str, Any]:
         f"infrastructure/{c}/configs/localqueue.namespace.yaml": kueue_namespace_patch(cluster),
     }
     out.update(render_preflight(cluster, layout))
+    out.update(data)
     for _, pointer, patch_file in GPU_WORKLOADS:
         # The two DaemonSets share one pointer, hence one file.
         out[f"infrastructure/{c}/controllers/{patch_file}"] = instance_type_patch(cluster, pointer)
+    for _, pointer, patch_file in NODE_TOOL_WORKLOADS:
+        out[f"infrastructure/{c}/node-tools/{patch_file}"] = instance_type_patch(cluster, pointer)
     if runs:
-        out[f"clusters/{c}/experiments.yaml"] = [run_kustomization(p, layout) for p in runs]
+        out[f"clusters/{c}/experiments.yaml"] = [run_kustomization(p, layout, staged=bool(data)) for p in runs]
     return out
 
 
@@ -137,7 +164,7 @@ def git_repository(repository: GitSource, layout: Layout) -> dict[str, Any]:
 
 
 def flux_kustomization(name: str, path: str, *, depends_on: Sequence[str], wait: bool, interval: str,
-                       timeout: str, decrypt: bool = False) -> dict[str, Any]:
+                       timeout: str, decrypt: bool = False, force: bool = False) -> dict[str, Any]:
     """A Flux Kustomization over `path` (relative to the repository root) of this repository."""
     spec: dict[str, Any] = {
         "interval": interval,
@@ -152,6 +179,8 @@ def flux_kustomization(name: str, path: str, *, depends_on: Sequence[str], wait:
         spec["dependsOn"] = [{"name": d} for d in depends_on]
     if decrypt:
         spec["decryption"] = {"provider": "sops", "secretRef": {"name": SOPS_AGE_SECRET}}
+    if force:
+        spec["force"] = True
     return {
         "apiVersion": FLUX_KUSTOMIZATION_API,
         "kind": "Kustomization",
@@ -160,9 +189,11 @@ def flux_kustomization(name: str, path: str, *, depends_on: Sequence[str], wait:
     }
 
 
-def infrastructure_kustomizations(c: str, layout: Layout) -> list[dict[str, Any]]:
-    """infra-controllers -> infra-configs -> secrets, and image-automation (see the module docstring)."""
-    return [
+def infrastructure_kustomizations(c: str, layout: Layout, *, staged: bool = False,
+                                  image_automation: bool = True) -> list[dict[str, Any]]:
+    """infra-controllers -> infra-configs -> secrets and data-staging; node-tools and image-automation
+    on their own (see the module docstring)."""
+    out = [
         # kube-prometheus-stack's first install takes several minutes; the timeout covers it.
         flux_kustomization("infra-controllers", layout.flux_path(f"infrastructure/{c}/controllers"), depends_on=(),
                            wait=True, interval="1h", timeout="20m"),
@@ -171,25 +202,64 @@ def infrastructure_kustomizations(c: str, layout: Layout) -> list[dict[str, Any]
         # After infra-configs: the Secret goes into the run namespace that infra-configs creates.
         flux_kustomization("secrets", f"./base/secrets/{c}", depends_on=("infra-configs",), wait=False,
                            interval="1h", timeout="2m", decrypt=True),
-        # Needs only Flux's image controllers (flux bootstrap --components-extra); nothing waits on it.
-        flux_kustomization("image-automation", "./base/image-automation", depends_on=(), wait=False,
-                           interval="1h", timeout="2m"),
+        # Nothing depends on the node tools: one that cannot pull its image holds back no run.
+        flux_kustomization("node-tools", layout.flux_path(f"infrastructure/{c}/node-tools"), depends_on=(),
+                           wait=False, interval="1h", timeout="5m"),
     ]
+    if staged:
+        # The first staging binds the shared volume (FSx creates the file system, about 10 minutes)
+        # and downloads the datasets; the timeout covers both.
+        out.append(flux_kustomization("data-staging", layout.flux_path(f"infrastructure/{c}/data"),
+                                      depends_on=("infra-configs",), wait=True, interval="1h", timeout="60m",
+                                      force=True))
+    if image_automation:
+        # Needs only Flux's image controllers (flux bootstrap --components-extra); nothing waits on it.
+        out.append(flux_kustomization("image-automation", "./base/image-automation", depends_on=(), wait=False,
+                                      interval="1h", timeout="2m"))
+    return out
 
 
-def run_kustomization(plan: Plan, layout: Layout) -> dict[str, Any]:
-    """Kustomization run-<run> over the run's overlay (the overlay sets its own namespace)."""
-    return flux_kustomization(f"run-{plan.name}", layout.flux_path(plan.overlay_dir), depends_on=("infra-configs",),
+def run_kustomization(plan: Plan, layout: Layout, *, staged: bool = False) -> dict[str, Any]:
+    """Kustomization run-<run> over the run's overlay (the overlay sets its own namespace); after the
+    cluster's data staging when it has one, so no GPU node is asked for before the data exists."""
+    depends = ("infra-configs", "data-staging") if staged else ("infra-configs",)
+    return flux_kustomization(f"run-{plan.name}", layout.flux_path(plan.overlay_dir), depends_on=depends,
                               wait=False, interval="10m", timeout="5m")
 
 
-def controllers_kustomization(c: str, layout: Layout) -> dict[str, Any]:
-    """base/infrastructure/controllers with every GPU workload pinned by the patch files beside it."""
+def controllers_kustomization(cluster: Cluster, layout: Layout) -> dict[str, Any]:
+    """base/infrastructure/controllers with every GPU workload pinned by the patch files beside it, the
+    cluster autoscaler told the cluster's name, and Kueue's controller where the cluster queues."""
+    here = f"infrastructure/{cluster.name}/controllers"
+    out: dict[str, Any] = {
+        "apiVersion": KUSTOMIZE_API,
+        "kind": "Kustomization",
+        "resources": [layout.to_repo(here, "base/infrastructure/controllers")],
+        "patches": [{"path": patch_file, "target": dict(target)} for target, _, patch_file in GPU_WORKLOADS] + [
+            {"path": "deployment.cluster-autoscaler.yaml",
+             "target": {"group": "apps", "version": "v1", "kind": "Deployment", "namespace": "kube-system",
+                        "name": "cluster-autoscaler"}}],
+    }
+    if cluster.kueue:
+        out["components"] = [layout.to_repo(here, KUEUE_CONTROLLER)]
+    return out
+
+
+def autoscaler_patch(cluster: Cluster) -> JsonPatch:
+    """The cluster autoscaler scales the Auto Scaling groups tagged with this cluster's name."""
+    return JsonPatch(ops=(
+        {"op": "test", "path": AUTOSCALER_ARG, "value": AUTOSCALER_DISCOVERY.format(cluster="fsdp-cluster")},
+        {"op": "replace", "path": AUTOSCALER_ARG, "value": AUTOSCALER_DISCOVERY.format(cluster=cluster.name)},
+    ))
+
+
+def node_tools_kustomization(c: str, layout: Layout) -> dict[str, Any]:
+    """base/node-tools pinned to the cluster's GPU instance types."""
     return {
         "apiVersion": KUSTOMIZE_API,
         "kind": "Kustomization",
-        "resources": [layout.to_repo(f"infrastructure/{c}/controllers", "base/infrastructure/controllers")],
-        "patches": [{"path": patch_file, "target": dict(target)} for target, _, patch_file in GPU_WORKLOADS],
+        "resources": [layout.to_repo(f"infrastructure/{c}/node-tools", "base/node-tools")],
+        "patches": [{"path": patch_file, "target": dict(target)} for target, _, patch_file in NODE_TOOL_WORKLOADS],
     }
 
 
@@ -202,21 +272,27 @@ def instance_type_patch(cluster: Cluster, pointer: str) -> JsonPatch:
     ))
 
 
-def kueue_quota(cluster: Cluster) -> tuple[int, int]:
-    """(GPUs, EFA interfaces) of the cluster at its largest: max_nodes of each GPU instance type."""
-    gpus = sum(cluster.max_nodes * INSTANCE_TYPES[t].num_gpus for t in cluster.instance_types)
-    efa = sum(cluster.max_nodes * INSTANCE_TYPES[t].num_efa for t in cluster.instance_types)
-    return gpus, efa
+def kueue_quota(cluster: Cluster) -> dict[str, int | str]:
+    """Resource -> quota of the cluster at its largest (max_nodes of each GPU instance type), in the
+    order of the ClusterQueue's resources. CPU and memory are covered too: Kueue refuses a job that
+    requests a resource its ClusterQueue does not list, and the training pods request both."""
+    types = [INSTANCE_TYPES[t] for t in cluster.instance_types]
+    return {
+        "nvidia.com/gpu": sum(cluster.max_nodes * t.num_gpus for t in types),
+        "vpc.amazonaws.com/efa": sum(cluster.max_nodes * t.num_efa for t in types),
+        "cpu": sum(cluster.max_nodes * t.num_vcpus for t in types),
+        "memory": f"{sum(cluster.max_nodes * t.host_memory_gib for t in types)}Gi",
+    }
 
 
 def configs_kustomization(cluster: Cluster, layout: Layout) -> dict[str, Any]:
     """base/infrastructure/configs + the run namespace, the shared volume and the pre-flight Jobs.
 
-    The two patches size the optional Kueue queues (base/components/kueue/queues) to this cluster;
-    while that component is not enabled they match nothing and change nothing.
+    Where the cluster queues with Kueue, base/components/kueue/queues adds the queues, and the two
+    patches size them to this cluster and move the LocalQueue into its run namespace.
     """
     c = cluster.name
-    return {
+    out: dict[str, Any] = {
         "apiVersion": KUSTOMIZE_API,
         "kind": "Kustomization",
         "resources": [layout.to_repo(f"infrastructure/{c}/configs", "base/infrastructure/configs"), "namespace.yaml",
@@ -229,17 +305,18 @@ def configs_kustomization(cluster: Cluster, layout: Layout) -> dict[str, Any]:
              "target": {"group": "kueue.x-k8s.io", "kind": "LocalQueue", "name": KUEUE_QUEUE}},
         ],
     }
+    if cluster.kueue:
+        out["components"] = [layout.to_repo(f"infrastructure/{c}/configs", KUEUE_QUEUES)]
+    return out
 
 
 def kueue_quota_patch(cluster: Cluster) -> JsonPatch:
-    gpus, efa = kueue_quota(cluster)
     resources = "/spec/resourceGroups/0/flavors/0/resources"
-    return JsonPatch(ops=(
-        {"op": "test", "path": f"{resources}/0/name", "value": "nvidia.com/gpu"},
-        {"op": "replace", "path": f"{resources}/0/nominalQuota", "value": gpus},
-        {"op": "test", "path": f"{resources}/1/name", "value": "vpc.amazonaws.com/efa"},
-        {"op": "replace", "path": f"{resources}/1/nominalQuota", "value": efa},
-    ))
+    ops: list[dict[str, Any]] = []
+    for i, (name, quota) in enumerate(kueue_quota(cluster).items()):
+        ops += [{"op": "test", "path": f"{resources}/{i}/name", "value": name},
+                {"op": "replace", "path": f"{resources}/{i}/nominalQuota", "value": quota}]
+    return JsonPatch(ops=tuple(ops))
 
 
 def kueue_namespace_patch(cluster: Cluster) -> JsonPatch:

@@ -19,9 +19,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import math
+import posixpath
+
 from generators.core.writer import JsonPatch
 from generators.plan import Plan
 from generators.render.layout import Layout
+from trainer.catalog import INSTANCE_TYPES, MODELS
 from trainer.config import to_dict
 
 BASE_PYTORCHJOB = "base/pytorchjob"
@@ -35,7 +39,32 @@ _RDZV_TIMEOUT_KEY = {"c10d": "join_timeout", "etcd": "timeout"}
 _WORKER = "/spec/pytorchReplicaSpecs/Worker"
 _POD = f"{_WORKER}/template/spec"
 _CONTAINER = f"{_POD}/containers/0"
+_WAIT = f"{_POD}/initContainers/0"
 LABEL_PREFIX = "fsdp-gitops/"
+# Kueue picks up a job by this label; the LocalQueue of base/components/kueue/queues.
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# Restarts of the worker group that torchrun makes itself (a node's workers died, a node left and
+# its replacement pod joined again) before it gives up; each resumes from the newest checkpoint.
+MAX_RESTARTS = 3
+# Datasets staged on the shared volume: data.path under this root has a staging Job per cluster
+# (generators/render/data.py) writing <directory>/_COMPLETE last, which the pods wait for.
+SHARED_DATA_ROOT = "/shared/data/"
+DATA_MARKER = "_COMPLETE"
+# Sizing of the graceful stop: on SIGTERM the trainer finishes its step and writes a checkpoint of
+# about CHECKPOINT_BYTES_PER_PARAM bytes per parameter (fp32 master weights and two AdamW moments)
+# to the shared volume, which all nodes together write at about CHECKPOINT_WRITE_GBPS (an FSx for
+# Lustre PERSISTENT_2 volume of a few TiB at 250 MB/s per TiB). The grace period is that time with
+# a margin of half again, plus time for the step in flight; torchrun gets it minus TERM_SLACK_S to
+# pass on to the workers (trainer.launch, FSDP_TERM_GRACE_S) so the kubelet's SIGKILL comes last.
+CHECKPOINT_BYTES_PER_PARAM = 12
+CHECKPOINT_WRITE_GBPS = 0.5
+STEP_MARGIN_S = 60
+TERM_SLACK_S = 30
+# Of the node's CPUs and memory, what a training pod requests (per GPU share of the node): the rest
+# is for the kubelet, the system and the DaemonSets. Requests make the kubelet evict other pods
+# before a training pod under memory pressure.
+CPU_REQUEST_FRACTION = 0.9
+MEMORY_REQUEST_FRACTION = 0.85
 
 
 def _ptr(key: str) -> str:
@@ -54,10 +83,15 @@ def run_labels(p: Plan) -> dict[str, str]:
 
 
 def torchrun_command(p: Plan) -> list[str]:
+    """torchrun through trainer.launch, which waits for a late worker 0 and turns a preemption into an
+    exit code the Training Operator restarts."""
     return [
-        "torchrun",
+        "python",
+        "-m",
+        "trainer.launch",
         f"--nnodes={p.nodes}",
         f"--nproc_per_node={p.gpus_per_node}",
+        f"--max-restarts={MAX_RESTARTS}",
         f"--rdzv-backend={p.rdzv_backend}",
         f"--rdzv-endpoint={p.rdzv_endpoint}",
         f"--rdzv-id={p.rdzv_id}",
@@ -80,17 +114,53 @@ def efa_env(p: Plan) -> list[dict[str, str]]:
     return env
 
 
-def pytorchjob_patch(p: Plan) -> JsonPatch:
-    resources = {"nvidia.com/gpu": p.gpus_per_node}
+def checkpoint_write_s(p: Plan) -> float:
+    """Seconds to write one checkpoint of the run's model to the shared volume (estimate)."""
+    return MODELS[p.model].num_params * CHECKPOINT_BYTES_PER_PARAM / (CHECKPOINT_WRITE_GBPS * 1e9)
+
+
+def termination_grace_s(p: Plan) -> int:
+    """terminationGracePeriodSeconds: the checkpoint with a margin, the step in flight, the slack."""
+    return math.ceil(1.5 * checkpoint_write_s(p)) + STEP_MARGIN_S + TERM_SLACK_S
+
+
+def data_marker(p: Plan) -> str:
+    """The marker the data staging Job writes for the run's dataset; "" when nothing stages it."""
+    path = p.trainer.data.path
+    # Staged datasets are directories: /shared/data/<dataset>/<file>.
+    if p.trainer.data.format == "synthetic" or not path.startswith(SHARED_DATA_ROOT) \
+            or "/" not in path[len(SHARED_DATA_ROOT):]:
+        return ""
+    return posixpath.join(posixpath.dirname(path), DATA_MARKER)
+
+
+def resources(p: Plan) -> dict[str, Any]:
+    """GPUs and EFA interfaces (requests equal limits) and the pod's share of the node's CPU and memory."""
+    instance = INSTANCE_TYPES[p.instance_type]
+    share = p.gpus_per_node / instance.num_gpus
+    devices: dict[str, Any] = {"nvidia.com/gpu": p.gpus_per_node}
     if p.efa_per_node:
-        resources["vpc.amazonaws.com/efa"] = p.efa_per_node
+        devices["vpc.amazonaws.com/efa"] = p.efa_per_node
+    return {"limits": devices, "requests": {
+        **devices,
+        "cpu": str(math.floor(instance.num_vcpus * share * CPU_REQUEST_FRACTION)),
+        "memory": f"{math.floor(instance.host_memory_gib * share * MEMORY_REQUEST_FRACTION)}Gi",
+    }}
+
+
+def pytorchjob_patch(p: Plan, queue: str = "") -> JsonPatch:
+    """The run's JSON patch over base/pytorchjob; `queue`: the Kueue LocalQueue, "" without Kueue."""
     ops: list[dict[str, Any]] = [
         {"op": "test", "path": f"{_CONTAINER}/name", "value": "pytorch"},
         {"op": "test", "path": f"{_CONTAINER}/ports/1/name", "value": "metrics"},
         {"op": "test", "path": f"{_POD}/volumes/0/name", "value": "shm"},
         {"op": "test", "path": f"{_POD}/volumes/1/name", "value": "train-config"},
+        {"op": "test", "path": f"{_WAIT}/name", "value": "wait-for-data"},
         {"op": "replace", "path": "/metadata/name", "value": p.name},
     ]
+    if queue:
+        # Kueue suspends the job until the cluster's quota covers all of its pods, then admits it whole.
+        ops.append({"op": "add", "path": f"/metadata/labels/{_ptr(QUEUE_LABEL)}", "value": queue})
     labels = run_labels(p)
     for key in sorted(labels):
         ops.append({"op": "add", "path": f"{_WORKER}/template/metadata/labels/{_ptr(key)}", "value": labels[key]})
@@ -101,6 +171,10 @@ def pytorchjob_patch(p: Plan) -> JsonPatch:
         {"op": "replace", "path": f"{_POD}/nodeSelector/{_ptr('node.kubernetes.io/instance-type')}",
          "value": p.instance_type},
         {"op": "replace", "path": f"{_CONTAINER}/command", "value": torchrun_command(p)},
+        {"op": "replace", "path": f"{_POD}/terminationGracePeriodSeconds", "value": termination_grace_s(p)},
+        # torchrun's wait for the workers' checkpoint after forwarding SIGTERM (trainer.launch).
+        {"op": "add", "path": f"{_CONTAINER}/env/-",
+         "value": {"name": "FSDP_TERM_GRACE_S", "value": str(termination_grace_s(p) - TERM_SLACK_S)}},
         # The run's own ServiceAccount (rbac.yaml): it may only annotate the run's pods.
         {"op": "add", "path": f"{_POD}/serviceAccountName", "value": p.name},
     ]
@@ -111,8 +185,13 @@ def pytorchjob_patch(p: Plan) -> JsonPatch:
         ops.append({"op": "replace", "path": f"{_CONTAINER}/ports/1/containerPort", "value": port})
     else:
         ops.append({"op": "remove", "path": f"{_CONTAINER}/ports/1"})
+    marker = data_marker(p)
+    if marker:
+        ops.append({"op": "replace", "path": f"{_WAIT}/env/0/value", "value": marker})
+    else:
+        ops.append({"op": "remove", "path": f"{_POD}/initContainers"})
     ops += [
-        {"op": "replace", "path": f"{_CONTAINER}/resources", "value": {"limits": resources, "requests": dict(resources)}},
+        {"op": "replace", "path": f"{_CONTAINER}/resources", "value": resources(p)},
         {"op": "replace", "path": f"{_POD}/volumes/0/emptyDir/sizeLimit", "value": f"{p.shm_size_gib}Gi"},
         {"op": "replace", "path": f"{_POD}/volumes/1/configMap/name", "value": f"{p.name}-config"},
     ]
@@ -154,11 +233,11 @@ def kustomization(p: Plan, base_ref: str) -> dict[str, Any]:
     }
 
 
-def render_run(p: Plan, layout: Layout) -> dict[str, Any]:
-    """The overlay of one run."""
+def render_run(p: Plan, layout: Layout, queue: str = "") -> dict[str, Any]:
+    """The overlay of one run; `queue`: the Kueue LocalQueue of its cluster, "" without Kueue."""
     return {
         f"{p.overlay_dir}/kustomization.yaml": kustomization(p, layout.to_repo(p.overlay_dir, BASE_PYTORCHJOB)),
-        f"{p.overlay_dir}/pytorchjob.run.yaml": pytorchjob_patch(p),
+        f"{p.overlay_dir}/pytorchjob.run.yaml": pytorchjob_patch(p, queue),
         f"{p.overlay_dir}/train.yaml": to_dict(p.trainer),
         f"{p.overlay_dir}/rbac.yaml": progress_rbac(p),
     }
