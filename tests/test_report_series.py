@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from generators.report import main
 from generators.results import render as report
 from generators.results.measurements import load, summarise
-from report_support import bench_record, run_info, step_record, write_jsonl, write_run
+from report_support import bench_record, run_info, write_jsonl, write_run
 
 
 def config(model: str, batch: int = 2, checkpointing: str = "none") -> dict:
