@@ -46,7 +46,7 @@ DEFAULT_OUT = REPO_ROOT / "overlays" / "provisioning"
 @errors_to_exit_codes
 def main(matrix: str, out: str | None, check: bool, karpenter: bool) -> None:
     """Write an eksctl ClusterConfig (and optionally Karpenter objects) for every cluster of MATRIX."""
-    out_dir = output_dir(out, DEFAULT_OUT)
+    out_dir = output_dir(out, DEFAULT_OUT, REPO_ROOT)
     label = matrix_label(matrix, REPO_ROOT)
 
     m: Matrix = load(matrix)

@@ -40,6 +40,9 @@ from generators.core.errors import InputError
 from generators.results.measurements import DEFAULT_WARMUP_LOGS, Measurement, Point, load, summarise
 from generators.results.render import GENERATOR, markdown_table, render
 
+# The checkout this command belongs to (an --out that holds it is refused).
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("inputs", nargs=-1, metavar="INPUT...")
@@ -51,7 +54,7 @@ from generators.results.render import GENERATOR, markdown_table, render
 @errors_to_exit_codes
 def main(inputs: tuple[str, ...], out: str | None, baseline_world_size: int | None, warmup_logs: int) -> None:
     """Scaling report from benchmark JSON lines and trainer run directories (INPUT...)."""
-    out_dir = output_dir(out, Path()) if out is not None else None
+    out_dir = output_dir(out, Path(), REPO_ROOT) if out is not None else None
     if baseline_world_size is not None and baseline_world_size < 1:
         raise InputError(f"must be at least 1, got {baseline_world_size}", key="--baseline-world-size",
                          fix="pass a world size of the series, or leave the option out")

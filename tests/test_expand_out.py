@@ -41,16 +41,18 @@ def out(request, tmp_path: Path) -> Path:
 
 def test_every_resource_and_flux_path_resolves(out: Path):
     dirs = kustomizations(out)
-    assert len(dirs) == 4 + 2 * 2  # four runs; controllers and configs of two clusters
+    on_base = [d for d in dirs if d.parent.parent.name == "runs" or d.name in ("controllers", "configs")]
+    assert len(on_base) == 4 + 2 * 2  # four runs; controllers and configs of two clusters
     for d in dirs:
         k = yaml.safe_load((d / "kustomization.yaml").read_text())
-        for ref in k["resources"]:
+        for ref in k.get("resources", []):
             assert (d / ref).exists(), f"{d}: resource {ref} does not exist"
-        assert any((d / ref).resolve().is_relative_to(REPO_ROOT / "base") for ref in k["resources"])
+        if d in on_base:
+            assert any((d / ref).resolve().is_relative_to(REPO_ROOT / "base") for ref in k["resources"])
     flux_paths = [doc["spec"]["path"] for f in (out / "clusters").rglob("*.yaml")
                   for doc in yaml.safe_load_all(f.read_text()) if doc and doc["kind"] == "Kustomization"]
     generated = [p for p in flux_paths if not p.startswith("./base/")]
-    assert len(generated) == 4 + 2 * 2
+    assert len(generated) >= 4 + 2 * 2
     for path in generated:
         assert (REPO_ROOT / path).resolve().is_relative_to(out.resolve()), path
         assert (REPO_ROOT / path / "kustomization.yaml").is_file(), path

@@ -18,10 +18,9 @@ FIELD = '''    name: str = run_field("")
     # PriorityClass of the job's pods; "" for the cluster's default.
     priority_class: str = run_field("")
 '''
-USE = '''        {"op": "replace", "path": f"{_CONTAINER}/command", "value": torchrun_command(p)},
-    ]
-    if p.run.priority_class:
-        ops.append({"op": "add", "path": f"{_POD}/priorityClassName", "value": p.run.priority_class})
+ANCHOR = '        {"op": "replace", "path": f"{_CONTAINER}/command", "value": torchrun_command(p)},\n'
+USE = ANCHOR + '''        *([{"op": "add", "path": f"{_POD}/priorityClassName", "value": p.run.priority_class}]
+          if p.run.priority_class else []),
 '''
 
 
@@ -31,9 +30,7 @@ def edited_copy(root: Path) -> Path:
         shutil.copytree(REPO_ROOT / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
     edits = {
         "generators/matrix/schema.py": ('    name: str = run_field("")\n', FIELD),
-        "generators/render/runs.py": (
-            '        {"op": "replace", "path": f"{_CONTAINER}/command", "value": torchrun_command(p)},\n    ]\n',
-            USE),
+        "generators/render/runs.py": (ANCHOR, USE),
     }
     for rel, (old, new) in edits.items():
         path = root / rel

@@ -195,7 +195,7 @@ def test_same_run_twice_is_an_error():
     text = GOOD + "include:\n  - {model: llama2-7b, nodes: 2}\n"
     err = fails(text)
     assert (err.key, err.line) == ("include[0]", line_of(text, "- {model: llama2-7b, nodes: 2}"))
-    assert "defined twice" in err.message and "bump rev" in err.fix
+    assert "same configuration as axes" in err.message and "bump rev" in err.fix
     assert len(plans(text.replace("nodes: 2}", "nodes: 2, rev: 1}"))) == 5
 
 

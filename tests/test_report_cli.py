@@ -43,7 +43,8 @@ def test_out_gets_report_and_charts_byte_identical_on_every_run(results, tmp_pat
     out = tmp_path / "report"
     first = invoke(results, "--out", out)
     assert first.exit_code == 0, first.output
-    assert sorted(p.name for p in out.iterdir()) == ["mfu.svg", "report.md", "scaling.svg"]
+    # The three files, and the writer's record of them (what it may delete on a later run).
+    assert sorted(p.name for p in out.iterdir()) == [".fsdp-gitops-report.files", "mfu.svg", "report.md", "scaling.svg"]
     assert "3 created, 0 updated" in first.stderr
     md = (out / "report.md").read_text()
     assert first.stdout.strip() in md  # the same table

@@ -13,7 +13,7 @@ from typing import IO, Any, Callable, Mapping
 
 import click
 
-from generators.core import writer
+from generators.core import outdir, writer
 from generators.core.errors import InputError, ToolError
 
 EXIT_BAD_INPUT = 2
@@ -77,12 +77,10 @@ def display(path: Path) -> str:
         return str(path)
 
 
-def output_dir(out: str | None, default: Path) -> Path:
-    """The --out directory; a path that exists and is not a directory is bad input."""
+def output_dir(out: str | None, default: Path, repo_root: Path) -> Path:
+    """The --out directory; a file, or a directory that holds the repository, is bad input."""
     out_dir = Path(out) if out is not None else default
-    if out_dir.exists() and not out_dir.is_dir():
-        raise InputError("is a file, not a directory", key=f"--out {out}",
-                         fix="pass a directory (or leave --out out)")
+    outdir.check_target(out_dir, repo_root, out if out is not None else display(out_dir))
     return out_dir
 
 
@@ -93,8 +91,9 @@ def sync(out_dir: Path, files: Mapping[str, bytes], *, check: bool, generator: s
     `what` says what the files are for, e.g. "for 30 runs"; `rerun` is the command that regenerates.
     """
     shown = display(out_dir)
+    banner = writer.banner_prefix(generator).encode("ascii")
     if check:
-        changes = writer.compare(out_dir, files, generator=generator)
+        changes = outdir.compare(out_dir, files, generator=generator, banner=banner, label=shown)
         for rel in changes.created:
             click.echo(f"missing: {shown}/{rel}")
         for rel in changes.updated:
@@ -106,7 +105,7 @@ def sync(out_dir: Path, files: Mapping[str, bytes], *, check: bool, generator: s
         click.echo(f"{len(files)} generated files {what} are up to date", err=True)
         return
     try:
-        changes = writer.write(out_dir, files, generator=generator)
+        changes = outdir.write(out_dir, files, generator=generator, banner=banner, label=shown)
     except OSError as err:
         raise Failure(f"error: writing {shown}: {err}") from None
     click.echo(f"{len(files)} files {what} under {shown}: {len(changes.created)} created, "

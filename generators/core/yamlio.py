@@ -12,6 +12,8 @@ the API server and the trainer's config loader):
 """
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +22,9 @@ import yaml
 from generators.core.errors import InputError
 from trainer.config import NoDuplicateKeys
 
+
+# Deeper than any matrix needs; far below Python's recursion limit.
+MAX_DEPTH = 32
 
 # --------------------------------------------------------------------------------------------
 # User input: one document, every line kept
@@ -69,6 +74,10 @@ class LineLoader(yaml.SafeLoader):
         self._path.append(part)
         try:
             event = self.peek_event()
+            if len(self._path) > MAX_DEPTH:
+                raise InputError(f"nested deeper than {MAX_DEPTH} levels", file=self.file,
+                                 line=event.start_mark.line + 1, key=join_key(self._path[:MAX_DEPTH]) + "...",
+                                 fix="flatten the structure (a matrix needs a few levels)")
             if isinstance(event, yaml.AliasEvent):
                 raise InputError(f"alias *{event.anchor} is not allowed", file=self.file,
                                   line=event.start_mark.line + 1, key=self._where(),
@@ -121,14 +130,26 @@ class LineLoader(yaml.SafeLoader):
         return out
 
 
+    def construct_clean_str(self, node: yaml.ScalarNode) -> str:
+        value = self.construct_yaml_str(node)
+        bad = next((c for c in value if (ord(c) < 32 and c not in "\t\n") or 0x7F <= ord(c) < 0xA0), None)
+        if bad is not None:
+            raise InputError(f"the value holds the control character {bad!r}", file=self.file,
+                             line=node.start_mark.line + 1, key=join_key(self._path) or "(top level)",
+                             fix="remove it (write plain text)")
+        return value
+
+
+LineLoader.add_constructor("tag:yaml.org,2002:str", LineLoader.construct_clean_str)
 LineLoader.add_constructor("tag:yaml.org,2002:map", LineLoader.construct_line_mapping)
 LineLoader.add_constructor("tag:yaml.org,2002:seq", LineLoader.construct_line_sequence)
 
 
 def load_yaml(text: str, file: str) -> Any:
     """Parse one strict YAML document; every problem is an InputError with its line."""
-    loader = LineLoader(text, file)
+    loader = None
     try:
+        loader = LineLoader(text, file)  # the reader refuses characters YAML does not allow right here
         return loader.get_single_data()
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
@@ -136,9 +157,49 @@ def load_yaml(text: str, file: str) -> Any:
         raise InputError(f"YAML syntax error: {problem}", file=file, line=mark.line + 1 if mark else 0,
                          fix="correct the YAML at this line (indentation, quoting, a missing ':')") from None
     except yaml.YAMLError as err:
-        raise InputError(f"YAML error: {err}", file=file, fix="correct the YAML syntax") from None
+        position = getattr(err, "position", None)  # a ReaderError: a character YAML does not allow
+        line = text.count("\n", 0, position) + 1 if isinstance(position, int) else 0
+        raise InputError(f"YAML error: {err}", file=file, line=line, fix="correct the YAML syntax") from None
+    except (ValueError, TypeError, OverflowError, RecursionError) as err:
+        # A value PyYAML cannot build (an impossible date, ...): still one line, never a traceback.
+        mark = getattr(loader, "problem_mark", None) if loader is not None else None
+        raise InputError(f"cannot be read as YAML ({type(err).__name__}: {err})", file=file,
+                         line=mark.line + 1 if mark else 0, fix="correct or quote the value") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
+
+
+def read_input(path: str, *, fix: str, max_bytes: int, key: str = "", label: str = "") -> str:
+    """The UTF-8 text of an input file, refused (InputError naming the file) when it is missing, not a
+    regular file (a directory, a FIFO, /dev/zero), larger than `max_bytes`, or not UTF-8. `label`: the
+    name messages use (default: path); `key`: what names the file, e.g. "MATRIX"."""
+    where = {"file": label or path, "key": key, "fix": fix}
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise InputError("file not found", **where) from None
+    except OSError as err:
+        raise InputError(f"cannot be read ({err.strerror})", **where) from None
+    if stat.S_ISDIR(info.st_mode):
+        raise InputError("is a directory", **where)
+    if not stat.S_ISREG(info.st_mode):
+        raise InputError("is not a regular file (a device, a pipe or a socket)", **where)
+    if info.st_size > max_bytes:
+        raise InputError(f"is {info.st_size:,} bytes, more than the {max_bytes:,} this input may have",
+                         **where)
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(max_bytes + 1)  # the file may have grown since stat
+    except OSError as err:
+        raise InputError(f"cannot be read ({err.strerror})", **where) from None
+    if len(data) > max_bytes:
+        raise InputError(f"is more than the {max_bytes:,} bytes this input may have", **where)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise InputError(f"is not UTF-8 text ({err.reason})", line=line, **where) from None
 
 
 def error_position(err: yaml.YAMLError) -> tuple[int, str]:

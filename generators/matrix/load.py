@@ -38,13 +38,14 @@ run is planned (generators/plan/), mapped back to the line that set them.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import typing
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from generators.core.errors import InputError
-from generators.core.yamlio import LineDict, LineList, load_yaml
+from generators.core.yamlio import LineDict, LineList, load_yaml, read_input
 from generators.matrix.schema import (API_VERSION, CLUSTER_FIELDS, KIND, NAME_PREFIX_MAX, REPOSITORY_FIELDS,
                                       RUN_FIELDS, TOP_LEVEL_KEYS, Cluster, GitSource, known_at, schema_at)
 from trainer.catalog import INSTANCE_TYPES, MODELS
@@ -55,6 +56,20 @@ _REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d+$")
 _RESERVATION = re.compile(r"^cr-[0-9a-f]{8,17}$")
 _K8S_VERSION = re.compile(r"^1\.\d+$")
 _GIT_URL = re.compile(r"^(https://|ssh://)\S+$")
+# What `git check-ref-format --branch` refuses, so Flux never fails on the name later.
+_BAD_BRANCH = re.compile(r"(^[-/.])|(\.\.)|([\x00-\x20\x7f~^:?*\[\\])|(@\{)|(//)|(/\.)|([/.]$)|(\.lock$)|(\.lock/)|(^@$)")
+# A matrix larger than this is not a matrix (and would take long to refuse later).
+MAX_MATRIX_BYTES = 4 * 1024 * 1024
+# The most runs one matrix may expand to: well above any real experiment grid, small enough that a
+# mistaken axis (10^6 or 10^9 combinations) is refused before the product is built.
+MAX_RUNS = 20_000
+# Kubernetes integer fields: replicas, ports and sizes are int32; activeDeadlineSeconds is int64.
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+# Namespaces of Kubernetes, Flux and this repository's infrastructure (base/): runs never go there.
+SYSTEM_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease", "flux-system",
+                               "fsdp-system", "monitoring", "node-tools", "kubeflow", "kueue-system",
+                               "device-plugins"})
 
 
 # --------------------------------------------------------------------------------------------
@@ -200,9 +215,10 @@ def _parse_repository(file: str, data: Any, line: int) -> GitSource:
     if not _GIT_URL.match(f["url"]):
         raise _err(file, data.key_lines["url"], "repository.url", f"{f['url']!r} is not an https:// or ssh:// URL",
                    "use the clone URL, e.g. https://github.com/example/fsdp-gitops")
-    if not f["branch"] or any(c.isspace() for c in f["branch"]):
+    if not f["branch"] or _BAD_BRANCH.search(f["branch"]):
         raise _err(file, data.key_lines.get("branch", data.line), "repository.branch",
-                   f"{f['branch']!r} is not a branch name", "name the branch Flux follows, e.g. main")
+                   f"{f['branch']!r} is not a valid Git branch name (git check-ref-format)",
+                   "name the branch Flux follows, e.g. main (no spaces, '..', '~^:?*[\\', '@{', leading '-')")
     return GitSource(url=f["url"], branch=f["branch"])
 
 
@@ -216,6 +232,10 @@ def _parse_cluster(file: str, name: str, data: Any, line: int) -> Cluster:
     if not _DNS1123_LABEL.match(f["namespace"]) or len(f["namespace"]) > 63:
         raise _err(file, data.key_lines.get("namespace", data.line), f"{prefix}.namespace",
                    f"{f['namespace']!r} is not a namespace name", "use a DNS-1123 label, e.g. fsdp")
+    if f["namespace"] in SYSTEM_NAMESPACES or f["namespace"].startswith("kube-"):
+        raise _err(file, data.key_lines.get("namespace", data.line), f"{prefix}.namespace",
+                   f"{f['namespace']!r} is a system namespace (Kubernetes, Flux or this repository's infrastructure)",
+                   "give the runs a namespace of their own, e.g. fsdp")
     types = _str_list(file, data, "instance_types", prefix, None, "instance type", nonempty=True)
     for i, itype in enumerate(types):
         if itype not in INSTANCE_TYPES:
@@ -242,6 +262,10 @@ def _parse_cluster(file: str, name: str, data: Any, line: int) -> Cluster:
         if f[field_name] < least:
             raise _err(file, data.key_lines.get(field_name, data.line), f"{prefix}.{field_name}",
                        f"{f[field_name]} is too small", f"set it to at least {least}")
+        if f[field_name] > INT32_MAX:
+            raise _err(file, data.key_lines.get(field_name, data.line), f"{prefix}.{field_name}",
+                       f"{f[field_name]} is more than eksctl and Kubernetes accept ({INT32_MAX})",
+                       "use a realistic size")
     return Cluster(name=name, namespace=f["namespace"], instance_types=types, region=f["region"],
                    availability_zones=zones, capacity_reservation_ids=reservations,
                    volume_size_gib=f["volume_size_gib"], kubernetes_version=f["kubernetes_version"],
@@ -291,6 +315,10 @@ class _Flattener:
             raise _err(self.file, line, key, f"got {_describe(value)}; must be a single value",
                        "give one value (use `axes` to vary it)")
         if path.startswith("trainer."):
+            if isinstance(value, float) and not math.isfinite(value):
+                raise _err(self.file, line, key, f"{value} is not a finite number", "give a finite number")
+            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT64_MAX:
+                raise _err(self.file, line, key, f"{value} does not fit in 64 bits", "give a smaller number")
             return value
         spec = RUN_FIELDS[path]
         tp = spec.type
@@ -314,6 +342,10 @@ class _Flattener:
         least = spec.minimum
         if least is not None and value < least:
             raise _err(self.file, line, key, f"{value} is below {least}", f"set {path} to {least} or more")
+        most = spec.maximum if spec.maximum is not None else INT32_MAX
+        if tp is int and value > most:
+            raise _err(self.file, line, key, f"{value} is more than the cluster accepts ({most})",
+                       f"set {path} to at most {most}")
         if path == "name" and (not _DNS1035_LABEL.match(value) or len(value) > NAME_PREFIX_MAX):
             raise _err(self.file, line, key, f"{value!r} is not a DNS-1035 label of at most {NAME_PREFIX_MAX} characters",
                        "use lowercase letters, digits and '-', starting with a letter")
@@ -377,6 +409,11 @@ def parse(data: Any, file: str) -> Matrix:
             axes.append(Axis(path=path, key=akey, line=aline, values=entries))
 
     include = _entries(file, data, "include", flat)
+    product = math.prod(len(axis.values) for axis in axes) if axes else 0
+    if product + len(include) > MAX_RUNS:
+        raise _err(file, lines.get("axes", data.line), "axes",
+                   f"the matrix would expand to {product + len(include):,} runs, more than the cap of {MAX_RUNS:,}",
+                   "split it into several matrices or use fewer values per axis (exclude applies after the product)")
     exclude = _entries(file, data, "exclude", flat)
     for e in exclude:
         if not e.leaves:
@@ -421,17 +458,6 @@ def _signature(leaves: Mapping[str, Leaf]) -> tuple:
 def load(path: str, text: str | None = None) -> Matrix:
     """Read, strictly parse and validate a matrix file. `path` is used as given in messages."""
     if text is None:
-        try:
-            with open(path, encoding="utf-8") as fh:
-                text = fh.read()
-        except FileNotFoundError:
-            raise InputError("file not found", file=path, key="MATRIX",
-                              fix="pass the path of an existing matrix file, e.g. matrix.yaml") from None
-        except IsADirectoryError:
-            raise InputError("is a directory", file=path, key="MATRIX", fix="pass the matrix file itself") from None
-        except UnicodeDecodeError as err:
-            raise InputError(f"not UTF-8 text ({err.reason})", file=path, key="MATRIX",
-                              fix="save the file as UTF-8") from None
+        text = read_input(path, key="MATRIX", fix="pass the path of an existing matrix file, e.g. matrix.yaml",
+                          max_bytes=MAX_MATRIX_BYTES)
     return parse(load_yaml(text, path), path)
-
-

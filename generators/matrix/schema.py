@@ -31,10 +31,11 @@ NAME_PREFIX_MAX = 43
 REQUIRED: Any = dataclasses.MISSING
 
 
-def run_field(default: Any = REQUIRED, *, minimum: int | None = None) -> Any:
+def run_field(default: Any = REQUIRED, *, minimum: int | None = None, maximum: int | None = None) -> Any:
     """Declare a run field of the matrix. `default`: its value when no entry sets it (REQUIRED: every
-    run must set it); `minimum`: the least value the matrix may give it (integers)."""
-    return field(default=default, metadata={"run_field": True, "minimum": minimum})
+    run must set it); `minimum`, `maximum`: the range the matrix may give it (integers; the maximum
+    defaults to int32, what Kubernetes accepts for replicas, ports and sizes)."""
+    return field(default=default, metadata={"run_field": True, "minimum": minimum, "maximum": maximum})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,7 +57,7 @@ class Run:
     # (the fsdp-system/etcd server).
     rdzv_backend: RdzvBackend = run_field("c10d")
     # Hard cap on the job's wall-clock time (PyTorchJob runPolicy.activeDeadlineSeconds), seconds.
-    active_deadline_s: int = run_field(86400, minimum=60)
+    active_deadline_s: int = run_field(86400, minimum=60, maximum=2**63 - 1)
     # Size limit of the memory-backed /dev/shm volume per pod, GiB.
     shm_size_gib: int = run_field(64, minimum=1)
     # Run counter: bump it to launch an unchanged configuration again under a new name.
@@ -88,6 +89,7 @@ class RunField:
     type: type
     default: Any  # REQUIRED when every run must set it
     minimum: int | None
+    maximum: int | None
     choices: tuple[Any, ...]  # the values a Literal field accepts; empty otherwise
 
 
@@ -100,7 +102,7 @@ def _run_fields() -> dict[str, RunField]:
         hint = hints[f.name]
         choices = typing.get_args(hint) if typing.get_origin(hint) is Literal else ()
         tp = type(choices[0]) if choices else hint
-        out[f.name] = RunField(f.name, tp, f.default, f.metadata["minimum"], choices)
+        out[f.name] = RunField(f.name, tp, f.default, f.metadata["minimum"], f.metadata["maximum"], choices)
     return out
 
 

@@ -25,8 +25,10 @@ resolved config changes (Flux then prunes the old jobs and starts the new ones; 
 volume stay under the old names); to run an unchanged configuration again, bump `rev`. To start a
 finished or failed run again from its checkpoints, bump `retry`: the job gets a new name, but its
 checkpoint directory stays the one of retry 0 (its metrics go to the new name's directory). Names are
-stable: the same matrix and code give the same names on every machine. Two runs with the same name
-are the same run twice and are an error.
+stable: the same matrix and code give the same names on every machine. Two different configurations
+whose 6-digit hashes collide (about one pair in a few thousand runs) both get a longer hash, two digits
+at a time, until their names differ; every other run keeps its name. Two runs with the same
+configuration are the same run twice and are an error.
 
 Memory fit
 ----------
@@ -146,20 +148,37 @@ def plan(matrix: Matrix, runs: Sequence[Run]) -> list[ClusterPlan]:
 def plan_runs(matrix: Matrix, runs: Sequence[Run], *, reject_unfit: bool = True) -> list[Plan]:
     """Plan every run in order; two runs with the same name are an error. `reject_unfit=False` plans
     a run that cannot fit as well (`expand.py --plan` refuses it with a fix instead)."""
-    plans: list[Plan] = []
-    seen: dict[str, Run] = {}
     cache: dict[str, TrainConfig] = {}
-    for run in runs:
-        p = plan_run(matrix, run, cache, reject_unfit=reject_unfit)
-        first = seen.get(p.name)
-        if first is not None:
-            raise InputError(
-                f"run {p.name} is defined twice (also by {first.entry_key} at line {first.entry_line})",
-                file=matrix.file, line=run.entry_line, key=run.entry_key,
-                fix="remove the duplicate, or make it differ (for a repeat of the same run, bump rev)")
-        seen[p.name] = run
-        plans.append(p)
-    return plans
+    plans = [plan_run(matrix, run, cache, reject_unfit=reject_unfit) for run in runs]
+    # Different configurations whose names collide (the short hash is shared by about one pair in a
+    # few thousand runs) get a longer hash, two digits at a time, until every name is unique; a run
+    # that collides with nothing keeps its short name, so names stay stable.
+    lengths = [HASH_LEN] * len(plans)
+    while True:
+        by_name: dict[str, list[int]] = {}
+        for i, p in enumerate(plans):
+            by_name.setdefault(p.name, []).append(i)
+        clashes = [ix for ix in by_name.values() if len(ix) > 1]
+        if not clashes:
+            return plans
+        for ix in clashes:
+            for j in ix[1:]:
+                if _configuration(plans[j]) == _configuration(plans[ix[0]]):
+                    first = runs[ix[0]]
+                    raise InputError(
+                        f"run {plans[j].name} has the same configuration as {first.entry_key} (line {first.entry_line})",
+                        file=matrix.file, line=runs[j].entry_line, key=runs[j].entry_key,
+                        fix="remove the duplicate; to run a configuration again on purpose, bump rev")
+            for j in ix:
+                lengths[j] += 2
+                plans[j] = plan_run(matrix, runs[j], cache, reject_unfit=reject_unfit, hash_len=lengths[j])
+
+
+def _configuration(p: Plan) -> tuple:
+    """What the name's hash stands for: every run field as resolved, and the resolved trainer config."""
+    fields = {f: getattr(p.run, f) for f in RUN_FIELDS}
+    fields.update(instance_type=p.instance_type, gpus_per_node=p.gpus_per_node)
+    return repr(sorted(fields.items())), repr(to_dict(p.trainer))
 
 
 def _where(matrix: Matrix, run: Run, path: str) -> tuple[int, str]:
@@ -187,7 +206,8 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
 
 
-def readable_name(run: Run, family: str, gpus_per_node: int, num_gpus: int, sharding: str) -> str:
+def readable_name(run: Run, family: str, gpus_per_node: int, num_gpus: int, sharding: str,
+                  hash_len: int | None = None) -> str:
     """The human part of the name (the run's `name` field when set), at most 43 characters."""
     if run.name:
         text = run.name
@@ -203,16 +223,16 @@ def readable_name(run: Run, family: str, gpus_per_node: int, num_gpus: int, shar
         if run.retry:
             parts.append(f"t{run.retry}")
         text = "-".join(parts)
-    limit = NAME_MAX - HASH_LEN - 1
+    limit = NAME_MAX - (hash_len or HASH_LEN) - 1
     if len(text) > limit:
         # Drop whole trailing parts (a cut "-r12" would read as rev 1); the hash still tells them apart.
         text = text[: limit + 1].rsplit("-", 1)[0] if "-" in text[: limit + 1] else text[:limit]
     return text.rstrip("-")
 
 
-def config_hash(payload: dict[str, Any]) -> str:
+def config_hash(payload: dict[str, Any], length: int | None = None) -> str:
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(blob.encode("ascii")).hexdigest()[:HASH_LEN]
+    return hashlib.sha256(blob.encode("ascii")).hexdigest()[:length or HASH_LEN]
 
 
 def _trainer_fix(key: str) -> str:
@@ -220,8 +240,9 @@ def _trainer_fix(key: str) -> str:
 
 
 def plan_run(matrix: Matrix, run: Run, cache: dict[str, TrainConfig] | None = None, *,
-             reject_unfit: bool = True) -> Plan:
-    """Resolve one run (see the module docstring for the order of checks)."""
+             reject_unfit: bool = True, hash_len: int | None = None) -> Plan:
+    """Resolve one run (see the module docstring for the order of checks). `hash_len`: hex digits of
+    the configuration hash in the name (plan_runs lengthens it where two names would collide)."""
     cluster = matrix.clusters[run.cluster]
 
     instance_name = run.instance_type
@@ -268,6 +289,10 @@ def plan_run(matrix: Matrix, run: Run, cache: dict[str, TrainConfig] | None = No
         if cache is not None:
             cache[cache_key] = cfg
 
+    if cfg.metrics.prometheus_port == C10D_PORT:
+        raise _fail(matrix, run, "trainer.metrics.prometheus_port",
+                    f"port {C10D_PORT} is the c10d rendezvous port of every run pod",
+                    "use another port for the metrics, e.g. 8000")
     par = cfg.parallelism
     try:
         shard_size = check_topology(par, world, gpus)
@@ -276,7 +301,7 @@ def plan_run(matrix: Matrix, run: Run, cache: dict[str, TrainConfig] | None = No
                     f"use a shard_group_size that divides {world} (nodes x GPUs per node), or 0 for one node") from None
 
     family = instance.family
-    readable = readable_name(run, family, gpus, instance.num_gpus, par.sharding_strategy)
+    readable = readable_name(run, family, gpus, instance.num_gpus, par.sharding_strategy, hash_len)
     cfg = resolve_auto(arch, cfg, shard_size, instance.gpu_memory_gib)
     est = estimate_peak_gib(arch, cfg, shard_size)
     if reject_unfit and not fits(est, instance.gpu_memory_gib):
@@ -295,12 +320,12 @@ def plan_run(matrix: Matrix, run: Run, cache: dict[str, TrainConfig] | None = No
     def run_name(r: Run, text: str) -> str:
         # Every run field (as resolved) and the resolved trainer config: a new run field joins the hash.
         return text + "-" + config_hash({**{f: getattr(r, f) for f in RUN_FIELDS}, "instance_type": instance_name,
-                                             "gpus_per_node": gpus, "trainer": to_dict(cfg)})
+                                             "gpus_per_node": gpus, "trainer": to_dict(cfg)}, hash_len)
 
     name = run_name(run, readable)
     # A retry is the same run started again: a new job name, the checkpoint directory of retry 0.
     first = dataclasses.replace(run, retry=0)
-    lineage = run_name(first, readable_name(first, family, gpus, instance.num_gpus, par.sharding_strategy))
+    lineage = run_name(first, readable_name(first, family, gpus, instance.num_gpus, par.sharding_strategy, hash_len))
     cfg = dataclasses.replace(
         cfg,
         checkpoint=dataclasses.replace(cfg.checkpoint, dir=f"{CHECKPOINT_ROOT}/{lineage}"),

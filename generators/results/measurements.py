@@ -14,8 +14,11 @@ from typing import Any, Sequence
 
 from generators.core.errors import InputError
 from generators.plan.speed import predict_measured
+from generators.core.yamlio import read_input
 
 DEFAULT_WARMUP_LOGS = 3
+# A results file larger than this is refused (a long run logs well under 100 MB of JSON lines).
+MAX_RESULTS_BYTES = 256 * 1024 * 1024
 BENCH_FIX = "pass JSON lines written by benchmarks/common.py emit() (e.g. benchmarks/train_bench.py --json FILE)"
 RUN_FIX = "pass a trainer run directory (metrics.output_dir of trainer/train.py: metrics.jsonl and run.json)"
 INPUT_FIX = "pass benchmark JSON-lines files and/or trainer run directories"
@@ -105,16 +108,11 @@ def _json_key_line(text: str, key: str) -> int:
 
 def _read_text(path: Path, label: str, fix: str) -> str:
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise InputError("no such file", file=label, fix=fix) from None
-    except OSError as err:
-        raise InputError(f"cannot be read ({err.strerror})", file=label, fix=fix) from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
-        raise InputError("is not UTF-8 text", file=label, line=line, fix=fix) from None
+        return read_input(str(path), label=label, fix=fix, max_bytes=MAX_RESULTS_BYTES)
+    except InputError as err:
+        if err.message == "file not found":
+            raise InputError("no such file", file=label, fix=fix) from None
+        raise
 
 
 def _json_lines(path: Path, label: str, fix: str) -> list[tuple[int, dict[str, Any]]]:

@@ -46,13 +46,10 @@ NON_CLUSTER_SCHEMAS: dict[tuple[str, str], str | None] = {
 
 
 def cluster_tools(module: str):
-    """tools.cluster.<module> of this checkout (tools/ is repository tooling, not part of the installed
-    package, so the checkout's root goes on the import path)."""
+    """tools.cluster.<module> of this checkout (tools/ is one of the repository's packages in
+    pyproject.toml, installed in editable mode by tools/setup.sh)."""
     import importlib
-    import sys
 
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.append(str(REPO_ROOT))
     return importlib.import_module(f"tools.cluster.{module}")
 
 
