@@ -44,6 +44,7 @@ load the weights, compile and write checkpoints (hours count training steps only
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -202,6 +203,7 @@ def _calibration_for(gpu: str, precision: str, compile_: bool, mode: str) -> tup
     raise KeyError(f"no calibration for checkpointing {mode!r}")
 
 
+@functools.lru_cache(maxsize=None)
 def utilisation_of(cal: Calibration) -> float:
     """u that makes the model reproduce the calibration run on one GPU."""
     arch = MODELS[cal.model]
