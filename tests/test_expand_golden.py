@@ -108,7 +108,7 @@ def test_every_golden_overlay_builds_into_the_run_it_describes():
         assert pod["volumes"][1]["configMap"]["name"] == f"{name}-config"
         assert cfg["checkpoint"]["dir"] == f"/shared/checkpoints/{name}"
         assert cfg["metrics"]["output_dir"] == f"/shared/runs/{name}"
-        env = {e["name"]: e["value"] for e in c["env"]}
+        env = {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
         assert env["HF_TOKEN_FILE"] == "/etc/hf-token/token"
         assert (env["FI_PROVIDER"], env["FI_EFA_USE_DEVICE_RDMA"]) == ("efa", "1")
         # The pods' ServiceAccount may only patch the run's own pods (progress annotations).
@@ -120,6 +120,7 @@ def test_every_golden_overlay_builds_into_the_run_it_describes():
         assert docs["RoleBinding"]["subjects"] == [{"kind": "ServiceAccount", "name": name,
                                                     "namespace": job["metadata"]["namespace"]}]
         assert docs["RoleBinding"]["roleRef"]["name"] == docs["Role"]["metadata"]["name"]
+        assert env["FSDP_POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}  # turns progress on
 
 
 @pytest.mark.slow

@@ -44,11 +44,15 @@ def test_annotations_carry_step_epoch_loss_throughput_and_eta():
 
 
 def test_outside_a_cluster_nothing_is_published(tmp_path):
-    env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "HOSTNAME": POD, "FSDP_SERVICEACCOUNT_DIR": str(tmp_path)}
+    env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "FSDP_POD_NAME": POD, "FSDP_SERVICEACCOUNT_DIR": str(tmp_path)}
     assert ProgressPublisher.from_environment(10, env) is None  # no token file
     (tmp_path / "token").write_text(TOKEN)
     (tmp_path / "namespace").write_text(NAMESPACE)
-    assert ProgressPublisher.from_environment(10, {k: v for k, v in env.items() if k != "KUBERNETES_SERVICE_HOST"}) is None
+    for absent in ("KUBERNETES_SERVICE_HOST", "FSDP_POD_NAME"):  # not in a cluster, or a pod that did not ask
+        assert ProgressPublisher.from_environment(10, {k: v for k, v in env.items() if k != absent}) is None
+    publisher = ProgressPublisher.from_environment(10, env)
+    assert publisher is not None
+    publisher.close()
 
 
 class FakeAPI:
@@ -106,7 +110,7 @@ def serviceaccount_dir(tmp_path: Path, ca: Path | None = None) -> Path:
 
 
 def in_cluster_env(sa: Path, port: int, interval_s: float) -> dict[str, str]:
-    return {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(port), "HOSTNAME": POD,
+    return {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(port), "FSDP_POD_NAME": POD,
             "FSDP_SERVICEACCOUNT_DIR": str(sa), "FSDP_PROGRESS_INTERVAL_S": str(interval_s)}
 
 
@@ -217,7 +221,7 @@ def test_annotations_appear_on_a_real_api_server_with_rbac_that_allows_only_that
         (sa / "namespace").write_text(ns)
         (sa / "ca.crt").write_bytes((cluster.work / "pki" / "apiserver.crt").read_bytes())
         port = int(cluster.server.rsplit(":", 1)[1])
-        env = {**in_cluster_env(sa, port, 0), "HOSTNAME": pod}
+        env = {**in_cluster_env(sa, port, 0), "FSDP_POD_NAME": pod}
         log, records = run_trainer(tmp_path, env)
         assert "warning: progress annotations" not in log, log[-3000:]
         final = cluster.get("pod", ns, pod)["metadata"]["annotations"]
@@ -228,7 +232,7 @@ def test_annotations_appear_on_a_real_api_server_with_rbac_that_allows_only_that
         steps = [int(a["fsdp-gitops/step"].split("/")[0]) for a in seen if "fsdp-gitops/step" in a]
         assert steps and steps[-1] == STEPS and len(set(steps)) >= 2, seen  # updated during the run, not once
         # The same token cannot annotate another run's pod: the API refuses, the publisher only counts it.
-        other = ProgressPublisher.from_environment(STEPS, {**env, "HOSTNAME": "another-run-worker-0"})
+        other = ProgressPublisher.from_environment(STEPS, {**env, "FSDP_POD_NAME": "another-run-worker-0"})
         other.publish(records[-1], force=True)
         other.close()
         assert other.failed == 1 and other.sent == 0

@@ -14,13 +14,15 @@ end, these annotations on the pod it runs in (`kubectl describe pod`, or
 It is a JSON merge patch of the pod's metadata (PATCH /api/v1/namespaces/<ns>/pods/<pod>), sent with
 the standard in-cluster credentials: the service-account token and CA under
 /var/run/secrets/kubernetes.io/serviceaccount and the API address in KUBERNETES_SERVICE_HOST /
-KUBERNETES_SERVICE_PORT; the pod name is HOSTNAME. Each run has its own ServiceAccount whose Role
-allows only `patch` on that run's pods by name (generated with the run's overlay).
+KUBERNETES_SERVICE_PORT. It is on only where the pod names itself in FSDP_POD_NAME (the run's pod
+template sets it from the downward API, metadata.name), so a trainer started in some other pod, a CI
+runner for example, never writes anywhere. Each run has its own ServiceAccount whose Role allows
+only `patch` on that run's pods by name (generated with the run's overlay).
 
 Publishing never stops or slows training: requests run on one background thread that sends only
 the newest record (older ones are dropped), each with a short timeout; a failure (no API, refused,
 403, timeout) is printed as one warning line, then again at most every 10 minutes, and training
-goes on. Outside a cluster (no service-account token) nothing is published.
+goes on. Without FSDP_POD_NAME, an API address or a token nothing is published.
 """
 from __future__ import annotations
 
@@ -87,10 +89,11 @@ class ProgressPublisher:
     @classmethod
     def from_environment(cls, total_steps: int,
                          environ: Mapping[str, str] = os.environ) -> "ProgressPublisher | None":
-        """The publisher for this pod, or None outside a cluster (no API address or token)."""
+        """The publisher for this pod, or None when the pod does not ask for it (no FSDP_POD_NAME) or
+        is not in a cluster (no API address or token)."""
         sa_dir = environ.get("FSDP_SERVICEACCOUNT_DIR", SERVICEACCOUNT_DIR)
         host, port = environ.get("KUBERNETES_SERVICE_HOST"), environ.get("KUBERNETES_SERVICE_PORT", "443")
-        pod = environ.get("HOSTNAME")
+        pod = environ.get("FSDP_POD_NAME")
         token_path = os.path.join(sa_dir, "token")
         if not host or not pod or not os.path.isfile(token_path):
             return None

@@ -175,8 +175,11 @@ def pytorchjob_patch(p: Plan, queue: str = "") -> JsonPatch:
         # torchrun's wait for the workers' checkpoint after forwarding SIGTERM (trainer.launch).
         {"op": "add", "path": f"{_CONTAINER}/env/-",
          "value": {"name": "FSDP_TERM_GRACE_S", "value": str(termination_grace_s(p) - TERM_SLACK_S)}},
-        # The run's own ServiceAccount (rbac.yaml): it may only annotate the run's pods.
+        # The run's own ServiceAccount (rbac.yaml): it may only annotate the run's pods, and the pod's
+        # name, which turns the trainer's progress annotations on (trainer/progress.py).
         {"op": "add", "path": f"{_POD}/serviceAccountName", "value": p.name},
+        {"op": "add", "path": f"{_CONTAINER}/env/-",
+         "value": {"name": "FSDP_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}},
     ]
     for var in efa_env(p):
         ops.append({"op": "add", "path": f"{_CONTAINER}/env/-", "value": var})
