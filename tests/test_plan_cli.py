@@ -12,7 +12,7 @@ import yaml
 from click.testing import CliRunner
 
 from generators.expand import main
-from matrix_support import REPO_ROOT
+from matrix_support import HEADER, REPO_ROOT
 
 SEED = REPO_ROOT / "matrix.yaml"
 
@@ -65,6 +65,27 @@ def test_llama2_70b_on_one_node_is_refused_with_its_reason_and_the_cheapest_fix(
         # The fewest nodes that fit: 24 GPUs share the state to about 63 GiB each.
         assert re.search(r"Cheapest fix: nodes: 3 \(about 63 GiB per GPU, \$[\d,]+\)\.$", line), line
     assert "2 runs cannot fit" in result.stderr
+
+
+@pytest.mark.parametrize("run,fix", [
+    # Nothing else holds 13B's unsharded state on one GPU: FULL_SHARD spreads it over the node.
+    ("{model: llama2-13b, nodes: 1, trainer.parallelism.sharding_strategy: NO_SHARD}",
+     "trainer.parallelism.sharding_strategy: FULL_SHARD"),
+    # 70B's state needs 32 GPUs to share it (16 leave 79 GiB each).
+    ("{model: llama2-70b, nodes: 16, trainer.parallelism.sharding_strategy: HYBRID_SHARD}",
+     "trainer.parallelism.shard_group_size: 32"),
+    # On 2 nodes there are not 32 GPUs: more nodes, and the group grown with them.
+    ("{model: llama2-70b, nodes: 2, trainer.parallelism.sharding_strategy: HYBRID_SHARD}",
+     "nodes: 4, trainer.parallelism.shard_group_size: 32"),
+])
+def test_the_fix_is_the_change_that_makes_the_run_fit(tmp_path, run, fix):
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text(HEADER + "defaults:\n  cluster: fsdp-p5\n  trainer:\n    data: {path: /shared/data/samsum/train.jsonl}\n"
+                      f"include:\n  - {run}\n")
+    result = invoke(str(matrix), "--plan")
+    assert result.exit_code == 1, result.output
+    [line] = [line for line in result.stdout.splitlines() if line.startswith("- ") and "Cheapest fix" in line]
+    assert line.split("Cheapest fix: ")[1].startswith(fix + " (about "), line
 
 
 def git(repo: Path, *args: str) -> str:

@@ -6,9 +6,11 @@ hours (speed.py); GPU-hours; cost from the price table (cost.py). Totals per clu
 
 A run that cannot fit (its memory estimate above the bound `auto` uses, trainer.memory.fits, or its
 loading above the host memory) is refused with the reason and the cheapest change that fixes it:
-of the changes below, every one that makes the run fit is planned, and the one with the lowest
-predicted cost wins (GPU-hours where the instance has no price):
-- more nodes: the fewest up to the cluster's max_nodes;
+of each family of changes below, the least change that makes the run fit is planned, and of those
+the one with the lowest predicted cost wins (GPU-hours where the instance has no price; within 1%,
+the earlier family):
+- more nodes: the fewest up to the cluster's max_nodes (with HYBRID_SHARD, and a shard group grown
+  with them);
 - activation checkpointing: selective, then full, where the run fixed a mode that recomputes less;
 - a larger HYBRID_SHARD group (doubling up to the world), or FULL_SHARD instead of NO_SHARD or
   SHARD_GRAD_OP;
@@ -141,50 +143,69 @@ def _unresolved(cfg: TrainConfig, run: Run) -> TrainConfig:
     return _replace(cfg, "parallelism", **changes) if changes else cfg
 
 
-def _candidates(cfg: TrainConfig, nodes: int, gpus: int, max_nodes: int) -> list[tuple[str, int, TrainConfig]]:
-    """(the change as matrix keys, nodes, config) for every change that may make a run fit. `cfg` holds
-    the matrix's settings, `auto` unresolved: checkpointing changes only where the matrix fixed a mode
-    (`auto` already chose the most it can)."""
+Candidate = tuple[str, int, TrainConfig]  # the change as matrix keys, nodes, config
+
+
+def _group_sizes(group: int, world: int) -> list[int]:
+    """HYBRID_SHARD shard groups larger than `group`: doubling, up to the world, dividing it."""
+    sizes, size = [], group * 2
+    while size <= world:
+        if world % size == 0:
+            sizes.append(size)
+        size *= 2
+    return sizes
+
+
+def _candidates(cfg: TrainConfig, nodes: int, gpus: int, max_nodes: int) -> list[list[Candidate]]:
+    """The changes that may make a run fit, by family, each family from the least change to the most.
+    `cfg` holds the matrix's settings with `auto` unresolved: checkpointing changes only where the
+    matrix fixed a mode (`auto` already chose the most it can)."""
     par, tr = cfg.parallelism, cfg.training
-    out: list[tuple[str, int, TrainConfig]] = []
-    out += [(f"nodes: {n}", n, cfg) for n in range(nodes + 1, max_nodes + 1)]
+    hybrid = par.sharding_strategy == "HYBRID_SHARD"
+    group = par.shard_group_size or gpus
+    more_nodes: list[Candidate] = []
+    for n in range(nodes + 1, max_nodes + 1):
+        more_nodes.append((f"nodes: {n}", n, cfg))
+        # More nodes alone leave a HYBRID_SHARD group as it is: grow the group with them.
+        more_nodes += [(f"nodes: {n}, trainer.parallelism.shard_group_size: {size}", n,
+                        _replace(cfg, "parallelism", shard_group_size=size))
+                       for size in (_group_sizes(group, n * gpus) if hybrid else [])]
     order = ("none", "selective", "full")
-    if par.activation_checkpointing in order:
-        for mode in order[order.index(par.activation_checkpointing) + 1:]:
-            out.append((f"trainer.parallelism.activation_checkpointing: {mode}", nodes,
-                        _replace(cfg, "parallelism", activation_checkpointing=mode)))
-    world = nodes * gpus
-    if par.sharding_strategy == "HYBRID_SHARD":
-        group = par.shard_group_size or gpus
-        size = group * 2
-        while size <= world:
-            if world % size == 0:
-                out.append((f"trainer.parallelism.shard_group_size: {size}", nodes,
-                            _replace(cfg, "parallelism", shard_group_size=size)))
-            size *= 2
+    checkpointing = [(f"trainer.parallelism.activation_checkpointing: {mode}", nodes,
+                      _replace(cfg, "parallelism", activation_checkpointing=mode))
+                     for mode in (order[order.index(par.activation_checkpointing) + 1:]
+                                  if par.activation_checkpointing in order else ())]
+    if hybrid:
+        sharding = [(f"trainer.parallelism.shard_group_size: {size}", nodes,
+                     _replace(cfg, "parallelism", shard_group_size=size)) for size in _group_sizes(group, nodes * gpus)]
     elif par.sharding_strategy in ("NO_SHARD", "SHARD_GRAD_OP"):
-        out.append(("trainer.parallelism.sharding_strategy: FULL_SHARD", nodes,
-                    _replace(cfg, "parallelism", sharding_strategy="FULL_SHARD")))
-    if par.precision == "bf16":
-        out.append(("trainer.parallelism.precision: fp8, trainer.parallelism.fp8_all_gather: true", nodes,
-                    _replace(cfg, "parallelism", precision="fp8", fp8_all_gather=True)))
+        sharding = [("trainer.parallelism.sharding_strategy: FULL_SHARD", nodes,
+                     _replace(cfg, "parallelism", sharding_strategy="FULL_SHARD"))]
+    else:
+        sharding = []
+    fp8 = ([("trainer.parallelism.precision: fp8, trainer.parallelism.fp8_all_gather: true", nodes,
+             _replace(cfg, "parallelism", precision="fp8", fp8_all_gather=True))]
+           if par.precision == "bf16" else [])
+    smaller_batch: list[Candidate] = []
     for batch in range(tr.batch_size_per_gpu - 1, 0, -1):
         if tr.batch_size_per_gpu % batch == 0:
             accum = tr.grad_accum_steps * tr.batch_size_per_gpu // batch
-            out.append((f"trainer.training.batch_size_per_gpu: {batch}, trainer.training.grad_accum_steps: {accum} "
-                        "(the same global batch)", nodes,
-                        _replace(cfg, "training", batch_size_per_gpu=batch, grad_accum_steps=accum)))
+            smaller_batch.append((f"trainer.training.batch_size_per_gpu: {batch}, trainer.training.grad_accum_steps: "
+                                  f"{accum} (the same global batch)", nodes,
+                                  _replace(cfg, "training", batch_size_per_gpu=batch, grad_accum_steps=accum)))
         else:
-            out.append((f"trainer.training.batch_size_per_gpu: {batch}", nodes,
-                        _replace(cfg, "training", batch_size_per_gpu=batch)))
-    return out
+            smaller_batch.append((f"trainer.training.batch_size_per_gpu: {batch}", nodes,
+                                  _replace(cfg, "training", batch_size_per_gpu=batch)))
+    return [more_nodes, checkpointing, sharding, fp8, smaller_batch]
 
 
 def _reason(model: str, f: Figures, instance: InstanceType) -> str:
     par = f.cfg.parallelism
     if not f.fits_gpu:
+        mode = par.activation_checkpointing
+        checkpointing = "no activation checkpointing" if mode == "none" else f"{mode} activation checkpointing"
         return (f"{model} needs about {f.gpu_gib:.0f} GiB per GPU with {par.sharding_strategy} over {f.shard} GPUs "
-                f"and {par.activation_checkpointing} checkpointing, but {instance.name} GPUs have "
+                f"and {checkpointing}, but {instance.name} GPUs have "
                 f"{instance.gpu_memory_gib} GiB ({FIT_FRACTION:.0%} usable)")
     return (f"loading needs about {f.host_gib:.0f} GiB of host memory per node, more than "
             f"{HOST_FIT_FRACTION:.0%} of the {f.host_capacity_gib} GiB of {instance.name}")
@@ -221,20 +242,19 @@ def estimate_run(matrix: Matrix, plan: Plan, prices: PriceTable, dataset_tokens:
     refusal = None
     if not f.fits:
         best: tuple[float, str, Figures] | None = None
-        more_nodes_fit = False
-        for label, nodes, cfg in _candidates(base, plan.nodes, plan.gpus_per_node, cluster.max_nodes):
-            if nodes != plan.nodes and more_nodes_fit:
-                continue  # the fewest nodes that fit are the node change
-            try:
-                g = figures(arch, cfg, instance, nodes, plan.gpus_per_node, dataset_tokens, usd)
-            except ConfigError:
-                continue
-            if not g.fits:
-                continue
-            more_nodes_fit = more_nodes_fit or nodes != plan.nodes
-            # Within 1% the earlier change wins: costs that close are the model's noise, not a saving.
-            if best is None or _price_of(g) < best[0] * (1 - COST_TIE):
-                best = (_price_of(g), label, g)
+        for family in _candidates(base, plan.nodes, plan.gpus_per_node, cluster.max_nodes):
+            for label, nodes, cfg in family:
+                try:
+                    g = figures(arch, cfg, instance, nodes, plan.gpus_per_node, dataset_tokens, usd)
+                except ConfigError:
+                    continue
+                if not g.fits:
+                    continue
+                # The least change of a family that fits stands for the family. Within 1% the
+                # earlier family wins: costs that close are the model's noise, not a saving.
+                if best is None or _price_of(g) < best[0] * (1 - COST_TIE):
+                    best = (_price_of(g), label, g)
+                break
         fix = ""
         if best is not None:
             _, label, g = best
