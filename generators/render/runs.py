@@ -60,6 +60,7 @@ CHECKPOINT_BYTES_PER_PARAM = 12
 CHECKPOINT_WRITE_GBPS = 0.5
 STEP_MARGIN_S = 60
 TERM_SLACK_S = 30
+FSDP_GRACE_ENV = "FSDP_TERM_GRACE_S"
 # Of the node's CPUs and memory, what a training pod requests (per GPU share of the node): the rest
 # is for the kubelet, the system and the DaemonSets. Requests make the kubelet evict other pods
 # before a training pod under memory pressure.
@@ -174,7 +175,7 @@ def pytorchjob_patch(p: Plan, queue: str = "") -> JsonPatch:
         {"op": "replace", "path": f"{_POD}/terminationGracePeriodSeconds", "value": termination_grace_s(p)},
         # torchrun's wait for the workers' checkpoint after forwarding SIGTERM (trainer.launch).
         {"op": "add", "path": f"{_CONTAINER}/env/-",
-         "value": {"name": "FSDP_TERM_GRACE_S", "value": str(termination_grace_s(p) - TERM_SLACK_S)}},
+         "value": {"name": FSDP_GRACE_ENV, "value": str(termination_grace_s(p) - TERM_SLACK_S)}},
         # The run's own ServiceAccount (rbac.yaml): it may only annotate the run's pods, and the pod's
         # name, which turns the trainer's progress annotations on (trainer/progress.py).
         {"op": "add", "path": f"{_POD}/serviceAccountName", "value": p.name},
