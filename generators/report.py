@@ -15,10 +15,15 @@ An INPUT is one of:
 - any other file: JSON lines of benchmarks/common.py emit(), one measured configuration a line (the
   benchmark already dropped its warm-up and took the median step time). Series: the `name`.
 
+A series is one configuration across world sizes: where one series name covers several
+configurations (model, sequence length, batch, precision, strategy, checkpointing; a suite run over
+models, say), each becomes its own series, named with the fields that tell them apart
+(`default (model llama2-7b)`), so no efficiency mixes two models.
 Repeated measurements of one series at one world size are combined by their median (the table
 counts them). Per point: tokens/s per GPU, tokens/s in total (per GPU x GPUs), MFU, step time, peak
-memory, and scaling efficiency = tokens/s per GPU / tokens/s per GPU of the same series at the
-baseline world size (--baseline-world-size; default the smallest world size of each series).
+memory, scaling efficiency = tokens/s per GPU / tokens/s per GPU of the same series at the
+baseline world size (--baseline-world-size; default the smallest world size of each series), and
+the tokens/s per GPU the plan's speed model predicts for it (generators/plan/speed.py) with its error.
 Series are sorted by name and points by world size, so the output does not depend on input order.
 
 Output: the Markdown table on stdout; with --out DIR also DIR/report.md (the table, both charts and
