@@ -21,13 +21,14 @@ from generators.validation.manifests import FLUX_KUSTOMIZATION, Doc, Problem, gv
 from generators.validation.schemas import (CORE_SCHEMA_TEMPLATE, CRD_SCHEMA_TEMPLATE, CRD_SCHEMAS_ENV, K8S_VERSION,
                                            NON_CLUSTER_SCHEMAS, SCHEMA_CACHE, Unit, kubeconform_units,
                                            prepare_core_schemas)
+from generators.validation.podsecurity import check_pod_security
 from generators.validation.readability import check_readability
 from generators.validation.semantics import Blame, check_jobs, check_objects
 
 # Checks run on the documents of every unit (one kustomize build, or one plain manifest file); `blame`
 # names the input file that set a field of a document.
 ObjectCheck = Callable[[Sequence[Doc], Blame], list[Problem]]
-OBJECT_CHECKS: list[ObjectCheck] = [check_objects, check_readability]
+OBJECT_CHECKS: list[ObjectCheck] = [check_objects, check_pod_security, check_readability]
 
 
 @dataclass

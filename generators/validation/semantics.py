@@ -30,11 +30,18 @@ RUN_DIR_KEYS = {"checkpoint.dir": "checkpoint directory", "checkpoint.export_dir
 
 SECRET_PATTERNS = (
     (re.compile(r"hf_[A-Za-z0-9]{20,}"), "a Hugging Face token"),
-    (re.compile(r"(?<![A-Z0-9])(AKIA|ASIA)[A-Z0-9]{16}(?![A-Z0-9])"), "an AWS access key id"),
+    (re.compile(r"(?<![A-Z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Z0-9])"), "an AWS access key id"),
     (re.compile(r"--(?:hf[-_])?token[= ]+(?![\"']?\$)[\"']?[^\s\"'$]+"), "a literal --token value"),
-    (re.compile(r"\b[A-Z0-9_]*(?:TOKEN|SECRET|PASSWORD)=(?![\"']?\$)[\"']?[^\s\"'$;]+"), "a literal secret assignment"),
+    (re.compile(r"\b(?:[A-Z0-9]+_)*(?:TOKEN|SECRET|PASSWORD)=(?![\"']?\$)[\"']?([^\s\"'$;]+)"),
+     "a literal secret assignment"),
 )
-SECRET_ENV_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|ACCESS_KEY", re.I)
+# An env name names a secret when one of its words does (HF_TOKEN, DB_PASSWORD, AWS_SECRET_ACCESS_KEY),
+# not when a word merely contains one (TOKENIZERS_PARALLELISM, MAX_NEW_TOKENS).
+SECRET_ENV_NAME = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|APIKEY|ACCESS_KEY|SECRET_KEY|API_KEY|"
+                             r"PRIVATE_KEY)(_|$)", re.I)
+# Values that are settings, never credentials: switches, numbers and paths (USE_AUTH_TOKEN=true,
+# HF_HUB_TOKEN_TIMEOUT=30, TOKEN_PATH-like values).
+NOT_SECRET_VALUE = re.compile(r"^(true|false|yes|no|on|off|none|null|auto|-?[0-9]+(\.[0-9]+)?|\.{0,2}/.*)$", re.I)
 # Env vars that name where a secret is, not the secret itself.
 REFERENCE_ENV_SUFFIXES = ("_FILE", "_PATH", "_DIR", "_NAME", "_REF")
 
@@ -63,6 +70,12 @@ def image_problem(image: Any) -> str:
     return ""
 
 
+def looks_secret(value: Any) -> bool:
+    """Whether a literal value could be a credential (judged by the value, not only the name)."""
+    text = str(value).strip().strip("'\"")
+    return bool(text) and not NOT_SECRET_VALUE.match(text)
+
+
 def secret_problems(c: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str]]:
     """(JSON path in the container, message) for each secret written inline in a container."""
     out = []
@@ -74,12 +87,14 @@ def secret_problems(c: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str]]:
         name, value = str(e.get("name") or ""), e.get("value")
         if value not in (None, "") and "valueFrom" not in e:
             texts.append((("env", str(i)), f"env {name}", value))
-            if SECRET_ENV_NAME.search(name) and not name.upper().endswith(REFERENCE_ENV_SUFFIXES):
+            if SECRET_ENV_NAME.search(name) and not name.upper().endswith(REFERENCE_ENV_SUFFIXES) \
+                    and looks_secret(value):
                 out.append((("env", str(i)), f"env {name} holds a literal value; take it from a Secret with "
                             "valueFrom.secretKeyRef or mount the Secret as a file"))
     for keys, where, text in texts:
         for pattern, what in SECRET_PATTERNS:
-            if isinstance(text, str) and pattern.search(text):
+            found = pattern.search(text) if isinstance(text, str) else None
+            if found and (not found.groups() or looks_secret(found.group(1))):
                 out.append((keys, f"{where} contains {what}; keep it in a SOPS-encrypted Secret and read it "
                                   "from the mounted file (HF_TOKEN_FILE for the Hugging Face token) or "
                                   "valueFrom.secretKeyRef"))
