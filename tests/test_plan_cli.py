@@ -190,6 +190,7 @@ def test_an_instance_without_an_on_demand_price_needs_a_reservation(tmp_path):
 
 @pytest.mark.parametrize("args,parts", [
     (("--plan", "--base", "no-such-ref"), ("--base: 'no-such-ref' is not a commit",)),
+    (("--plan", "--base", "--output=x"), ("--base: '--output=x' is not a commit name",)),
     (("--base", "HEAD"), ("--base", "only with --plan")),
     (("--plan", "--check"), ("choose one",)),
 ])

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from generators.core.errors import InputError
+from generators.core.errors import InputError, ToolError
 from generators.core.markdown import table
 from generators.matrix import Matrix, Run, expand, load
 from generators.plan import plan_runs
@@ -28,11 +28,16 @@ BASE_FIX = "pass a commit, branch or tag of this repository (e.g. origin/main; i
 
 
 def _git(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False)
+    try:
+        return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False)
+    except FileNotFoundError:
+        raise ToolError("git not found on PATH; --base reads the matrix at REF with git") from None
 
 
 def matrix_at(ref: str, matrix_path: str) -> tuple[str, str | None]:
     """(`REF:path` naming the file there, its text or None when it does not exist at REF)."""
+    if not ref or ref.startswith("-"):
+        raise InputError(f"{ref!r} is not a commit name", key="--base", fix=BASE_FIX)
     path = Path(matrix_path).resolve()
     top = _git(path.parent, "rev-parse", "--show-toplevel")
     if top.returncode != 0:
