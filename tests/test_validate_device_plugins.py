@@ -43,6 +43,8 @@ def fixture_files() -> dict[str, Any]:
     files = job_fixture()
     spec = files["base/pytorchjob/pytorchjob.yaml"]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
     spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    # As base/pytorchjob: the image's non-root user.
+    spec["securityContext"] = {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001}
     for f in sorted(PLUGINS.glob("*.yaml")):
         files[f"base/device-plugins/{f.name}"] = f.read_text()
     files["overlays/infrastructure/c1/controllers/kustomization.yaml"] = {
