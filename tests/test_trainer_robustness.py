@@ -124,8 +124,9 @@ def test_verify_finds_truncated_and_missing_files(tmp_path):
     for name, manifest in (("truncated", True), ("truncated-old-format", False), ("no-metadata", True),
                            ("bad-state", True)):
         path = tmp_path / name
-        shutil.copytree(whole, path)
-        if not manifest:
+        if manifest:
+            shutil.copytree(whole, path)
+        else:
             write_checkpoint(path, manifest=False)
         cases[name] = path
     for name in ("truncated", "truncated-old-format"):
