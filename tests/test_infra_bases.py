@@ -134,7 +134,7 @@ def test_dashboard_has_the_six_dcgm_panels_by_node_and_gpu(configs: list[dict[st
     for metric in DCGM_PANEL_METRICS:
         mine = [e for e in exprs if metric in e]
         assert len(mine) == 1, (metric, mine)
-        assert "by (Hostname, gpu)" in mine[0]
+        assert "by (node, gpu)" in mine[0]
     assert any("fsdp_tokens_per_second" in e for e in exprs) and any("fsdp_mfu_ratio" in e for e in exprs)
     assert len({p["id"] for p in dash["panels"]}) == len(dash["panels"])
 

@@ -150,6 +150,18 @@ def test_rules_and_dashboard_name_only_metrics_that_exist():
             "fsdp_total_steps", "up", "kube_job_failed"} <= used
 
 
+def test_gpu_series_are_grouped_by_the_node_label_we_set():
+    # `node` comes from the exporter ServiceMonitor's relabelling, independent of the exporter version;
+    # the exporter's own host label changed case after 4.5.3-4.8.2 (NVIDIA/dcgm-exporter d5e5f51,
+    # "Rename Hostname label to hostname"), so neither spelling is safe to group by.
+    exprs = [r["expr"] for r in rules()] + dashboard_expressions()
+    assert not [e for e in exprs if re.search(r"\b[Hh]ostname\b", e)]
+    release = yaml.safe_load(DCGM_RELEASE.read_text())
+    relabel = release["spec"]["values"]["serviceMonitor"]["relabelings"]
+    assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node", "action": "replace"} in relabel
+    assert all("by (node, gpu)" in e for e in exprs if "DCGM_FI_DEV_GPU_TEMP" in e)
+
+
 def test_an_unknown_metric_is_reported():
     misspelt = ['sum by (run) (fsdp_tokens_per_sec{run=~".*"})', "max(DCGM_FI_DEV_GPU_TEMPERATURE) > 85",
                 "rate(fsdp_tokens_total[5m])"]
