@@ -8,13 +8,14 @@ no GPU node, and the Karpenter form of the nodes. The repository's own clusters 
 """
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 import yaml
 
-from generators.core.gotools import REPO_ROOT
+from generators.core.gotools import REPO_ROOT, tool
 from generators.core.yamlio import Doc
 from generators.validation.device_plugins import Node, check_device_plugins, selects
 from test_validate_mutations import flux_kustomization, problems, write_tree
@@ -129,7 +130,7 @@ def test_karpenter_nodepools_are_the_nodes_when_they_are_the_provisioning(tmp_pa
         spec = files["base/pytorchjob/pytorchjob.yaml"]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
         spec["tolerations"].append({"key": "vpc.amazonaws.com/efa", "operator": "Exists"})
     # The plugins tolerate vpc.amazonaws.com/efa only with effect NoSchedule: not the NoExecute taint.
-    found = plugin_problems(run(tmp_path / "a", job_tolerates_efa))
+    found = plugin_problems(run(tmp_path, job_tolerates_efa))
     assert {p.split("requests ")[1].split(",")[0] for p in found} == {"nvidia.com/gpu", "vpc.amazonaws.com/efa"}
     assert all("NodePool gpu-p5-48xlarge" in p for p in found), found
 
@@ -154,9 +155,6 @@ def test_prefer_no_schedule_taints_do_not_keep_pods_away():
 
 def test_the_repository_clusters_advertise_every_resource_their_runs_request():
     """The committed overlays: each cluster's runs against its controllers and its eksctl node groups."""
-    import subprocess
-    from generators.core.gotools import tool
-
     def build(path: Path) -> list[Doc]:
         out = subprocess.run([tool("kustomize"), "build", "--load-restrictor=LoadRestrictionsNone", str(path)],
                              capture_output=True, text=True, check=True).stdout
