@@ -8,6 +8,7 @@ config, one CPU rank each.
 """
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -61,6 +62,7 @@ def test_a_worker_whose_rendezvous_host_appears_late_waits_and_trains(tmp_path):
     assert [r["step"] for r in records] == [1, 2, 3] and records[-1]["world_size"] == 2
 
 
+@pytest.mark.slow
 def test_a_host_that_never_resolves_fails_in_one_line_after_the_window(tmp_path):
     env = trainer_env(FSDP_RDZV_WAIT_S="2")
     done = subprocess.run([sys.executable, "-m", "trainer.launch", "--nnodes=2", "--nproc_per_node=1",
@@ -73,6 +75,7 @@ def test_a_host_that_never_resolves_fails_in_one_line_after_the_window(tmp_path)
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_a_bad_wait_setting_is_one_line_exit_2():
     done = subprocess.run([sys.executable, "-m", "trainer.launch", "--nnodes=2", "--rdzv-backend=c10d",
                            "--rdzv-endpoint=somewhere:29400", "-m", "trainer.train", "--config", str(TINY)],
@@ -80,3 +83,18 @@ def test_a_bad_wait_setting_is_one_line_exit_2():
                           text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.strip().splitlines() == [
         "error: FSDP_RDZV_WAIT_S='ten minutes': must be a number of seconds, e.g. FSDP_RDZV_WAIT_S=900"], done
+
+
+def test_sigterm_while_waiting_exits_143(tmp_path):
+    # A pod deleted while its worker waits for the first one: a status the operator restarts, at once
+    # (as a container's first process, an unhandled SIGTERM would be ignored until the grace period ends).
+    log = tmp_path / "wait.log"
+    proc = subprocess.Popen([sys.executable, "-m", "trainer.launch", "--nnodes=2", "--nproc_per_node=1",
+                             "--rdzv-backend=c10d", "--rdzv-endpoint=fsdp-never.invalid:29400", "--rdzv-id=x",
+                             "-m", "trainer.train", "--config", str(TINY)],
+                            cwd=REPO_ROOT, env=trainer_env(FSDP_RDZV_WAIT_S="300"), stdout=log.open("w"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    wait_for_line(log, "waiting for fsdp-never.invalid to resolve", proc)
+    proc.send_signal(signal.SIGTERM)
+    finish(proc, 60)
+    assert proc.returncode == 143, log.read_text()

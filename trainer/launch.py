@@ -143,6 +143,9 @@ def _extend_worker_grace(grace_s: float) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # As a container's first process, a signal without a handler is ignored: make SIGTERM end the wait
+    # (torchrun installs its own handler once it starts the workers).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     wait_for_rendezvous(argv)
     _extend_worker_grace(_seconds(GRACE_ENV, 30.0))
     from torch.distributed.elastic.multiprocessing.api import SignalException
