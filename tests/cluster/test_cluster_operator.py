@@ -1,9 +1,11 @@
 """Level 2: the real Training Operator turns generated PyTorchJobs into pods and services that the
 real scheduler places on fake nodes shaped like the catalog's instance types (kwok).
 
-The fake pool has 16 p5.48xlarge nodes: the 1- and 2-node runs fit beside each other, the 16-node
-run then fits only partly (the scheduler reports the missing GPUs) and runs completely once the
-others are deleted.
+The fake pool has 16 p5.48xlarge nodes that advertise GPUs and EFA, plus one p5.48xlarge whose
+device plugins have not registered (no nvidia.com/gpu) and one CPU node: the 1- and 2-node runs fit
+beside each other, the 16-node run then fits only partly (the scheduler reports the missing GPUs and
+never uses the node without them) and runs completely once the others are deleted. The cluster's
+device-plugin DaemonSets land on every GPU node and on no other.
 """
 from __future__ import annotations
 
@@ -110,6 +112,7 @@ def gpu_pool(cluster: Cluster) -> Iterator[list[str]]:
     (pvc,) = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
     cluster.add_shared_volume(pvc)
     cluster.add_cpu_node()
+    cluster.add_gpu_nodes(INSTANCE, 1, advertised=False)
     yield cluster.add_gpu_nodes(INSTANCE, POOL)
 
 
@@ -145,6 +148,29 @@ def test_operator_makes_pods_and_services_that_fit_the_pool(cluster: Cluster, gp
     delete_jobs(cluster, [big])
 
 
+def test_device_plugin_daemonsets_run_on_every_gpu_node_and_nowhere_else(cluster: Cluster, gpu_pool: list[str]) -> None:
+    controllers = f"overlays/infrastructure/{CLUSTER}/controllers"
+    plugins = [d for d in dryrun.render(REPO_ROOT, controllers)
+               if d["kind"] == "DaemonSet" and d["metadata"]["namespace"] == "device-plugins"]
+    assert sorted(d["metadata"]["name"] for d in plugins) == ["efa-device-plugin", "nvidia-device-plugin"]
+    cluster.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "device-plugins"}}, *plugins])
+    gpu_nodes = sorted(n["metadata"]["name"] for n in cluster.get("nodes")["items"]
+                       if n["metadata"]["labels"].get("node.kubernetes.io/instance-type") == INSTANCE)
+    assert len(gpu_nodes) == POOL + 1  # the node without advertised GPUs needs the plugins most
+
+    def placed(ds: dict[str, Any]) -> list[str] | None:
+        selector = ",".join(f"{k}={v}" for k, v in ds["spec"]["selector"]["matchLabels"].items())
+        pods = cluster.get("pods", "device-plugins", selector=selector)["items"]
+        nodes = sorted(p["spec"].get("nodeName", "") for p in pods if p["status"].get("phase") == "Running")
+        return nodes if len(pods) >= len(gpu_nodes) and len(nodes) == len(pods) else None
+
+    try:
+        for d in plugins:
+            assert cluster.wait_for(lambda: placed(d), 180, f"{d['metadata']['name']} on every GPU node") == gpu_nodes
+    finally:
+        cluster.kubectl("delete", "namespace", "device-plugins", "--wait=false")
+
+
 def test_renamed_rendezvous_host_is_caught(cluster: Cluster, gpu_pool: list[str]) -> None:
     docs = copy.deepcopy(dryrun.render(REPO_ROOT, run_dir(2)))
     job = job_of(docs)
@@ -153,9 +179,10 @@ def test_renamed_rendezvous_host_is_caught(cluster: Cluster, gpu_pool: list[str]
     cmd[i] = re.sub(r"-worker-0:", "-master-0:", cmd[i])
     cluster.apply(docs)
     try:
-        cluster.wait_for(lambda: running(pods_of(cluster, job)) == 2, 180, "mutated run running")
-        problems = job_problems(cluster, job)
-        assert problems and all("is not a Service the operator created" in p for p in problems), problems
+        # The operator creates pods and Services at once; whether the pods run does not matter here.
+        cluster.wait_for(lambda: len(pods_of(cluster, job)) == 2, 120, "mutated run's pods")
+        problems = [p for p in job_problems(cluster, job) if "--rdzv-endpoint" in p]
+        assert len(problems) == 2 and all("is not a Service the operator created" in p for p in problems), problems
     finally:
         delete_jobs(cluster, [job])
 

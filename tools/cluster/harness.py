@@ -274,14 +274,18 @@ class Cluster:
 
     # ----------------------------------------------------------------------------------- fake nodes
 
-    def add_gpu_nodes(self, instance_type: str, count: int, first: int = 0) -> list[str]:
-        """`count` fake Nodes shaped like the catalog's instance type; kwok keeps them Ready."""
+    def add_gpu_nodes(self, instance_type: str, count: int, first: int = 0, advertised: bool = True) -> list[str]:
+        """`count` fake Nodes shaped like the catalog's instance type; kwok keeps them Ready. With
+        advertised=False they lack nvidia.com/gpu and vpc.amazonaws.com/efa, like a GPU node whose
+        device plugins have not registered."""
         from trainer.catalog import INSTANCE_TYPES  # the catalog the generator sizes the jobs from
 
         it = INSTANCE_TYPES[instance_type]
-        resources = {"cpu": str(it.num_vcpus), "memory": f"{it.host_memory_gib}Gi", "pods": "110",
-                     "nvidia.com/gpu": str(it.num_gpus), "vpc.amazonaws.com/efa": str(it.num_efa)}
-        names = [f"{it.name.replace('.', '-')}-{i}" for i in range(first, first + count)]
+        resources = {"cpu": str(it.num_vcpus), "memory": f"{it.host_memory_gib}Gi", "pods": "110"}
+        if advertised:
+            resources |= {"nvidia.com/gpu": str(it.num_gpus), "vpc.amazonaws.com/efa": str(it.num_efa)}
+        prefix = it.name.replace(".", "-") + ("" if advertised else "-unadvertised")
+        names = [f"{prefix}-{i}" for i in range(first, first + count)]
         self.apply([fake_node(n, {"node.kubernetes.io/instance-type": it.name}, resources,
                               taints=[{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}])
                     for n in names])
