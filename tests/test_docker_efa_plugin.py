@@ -19,6 +19,9 @@ from pathlib import Path
 
 import pytest
 
+# Compiles and loads native libraries in real processes.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "docker" / "verify_image.py"
 DOCKERFILE = REPO / "docker" / "Dockerfile"

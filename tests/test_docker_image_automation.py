@@ -113,6 +113,7 @@ def test_the_workflow_pushes_to_the_repository_flux_scans():
     assert job_image().rpartition(":")[0].endswith(".amazonaws.com/" + ecr_repository)
 
 
+@pytest.mark.slow
 def test_a_new_tag_round_trips_through_the_generator_without_a_diff(tmp_path):
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, capture_output=True,
                            check=True).stdout.decode().split("\0")

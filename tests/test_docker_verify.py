@@ -8,6 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# Every test runs the image check in real processes against real libraries.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "docker" / "verify_image.py"
 NCCL = metadata.version("nvidia-nccl-cu13")

@@ -124,3 +124,21 @@ def test_values_that_would_fail_on_the_cluster_are_refused_naming_the_key(tmp_pa
     m.write_text(text)
     line = refused(expand, [str(m), "--out", str(out)], out)
     assert f": {key}: " in line
+
+
+def test_a_refusal_stays_small_in_memory(tmp_path):
+    """The 10^9-run matrix is refused by a process that never grows past 100 MiB (resident)."""
+    import subprocess
+    import sys
+
+    axes = "axes:\n" + "".join(f"  trainer.training.{k}: [{', '.join(str(i + 1) for i in range(1000))}]\n"
+                               for k in ("seed", "num_epochs", "batch_size_per_gpu"))
+    m = tmp_path / "huge.yaml"
+    m.write_text(HEADER + RUNS + axes)
+    proc = subprocess.Popen([sys.executable, str(Path(expand.__file__)), str(m), "--out", str(tmp_path / "out")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 2
+    assert b"1,000,000,000 runs" in proc.stderr.read()
+    assert usage.ru_maxrss < 100 * 1024  # KiB
+    assert not (tmp_path / "out").exists()

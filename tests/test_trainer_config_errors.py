@@ -72,6 +72,7 @@ def test_file_errors_name_the_line(tmp_path):
     assert done.stderr.startswith(f"error: {config} line 5: training.colour: unknown key"), done.stderr
 
 
+@pytest.mark.slow
 def test_bad_topology_under_torchrun_reports_once(tmp_path):
     cmd = torchrun_cmd([f"metrics.output_dir={tmp_path / 'out'}", "parallelism.sharding_strategy=HYBRID_SHARD",
                         "parallelism.shard_group_size=3"], nproc=2)

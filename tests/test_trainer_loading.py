@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
 from trainer_support import output_overrides, run
+
+# Loads weights in real torchrun processes.
+pytestmark = pytest.mark.slow
 
 
 def test_load_from_weights_stays_below_one_full_copy_per_rank(tmp_path):

@@ -15,6 +15,9 @@ import pytest
 
 from trainer_support import losses_by_step, output_overrides, read_metrics, run
 
+# Every test trains through real torchrun processes.
+pytestmark = pytest.mark.slow
+
 STEPS = 6
 COMMON = [f"training.max_steps={STEPS}", "training.lr_schedule=constant", "training.warmup_steps=0",
           "checkpoint.interval_steps=0"]

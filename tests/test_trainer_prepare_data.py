@@ -51,6 +51,7 @@ def samsum_folder(tmp_path: Path) -> Path:
     return src
 
 
+@pytest.mark.slow
 def test_local_folder_is_staged_once_in_the_trainers_format(tmp_path):
     src, out = samsum_folder(tmp_path), tmp_path / "data" / "samsum"
     done = prep(tmp_path, "--dataset", str(src), "--format", "samsum", "--out", str(out))
@@ -72,6 +73,7 @@ def test_local_folder_is_staged_once_in_the_trainers_format(tmp_path):
     assert tree(out) == before
 
 
+@pytest.mark.slow
 def test_an_interrupted_run_is_redone(tmp_path):
     src, out = samsum_folder(tmp_path), tmp_path / "data" / "samsum"
     out.mkdir(parents=True)
@@ -84,6 +86,7 @@ def test_an_interrupted_run_is_redone(tmp_path):
     assert (out / "_COMPLETE").is_file() and not (out / ".tmp-train.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_saved_dataset_folder_in_alpaca_format(tmp_path):
     import datasets
 

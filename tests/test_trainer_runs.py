@@ -27,6 +27,9 @@ from trainer.config import from_dict, load_config
 from trainer_support import (REPO_ROOT, finish, free_port, kill_rank_after_checkpoint, losses_by_step,
                              output_overrides, read_metrics, run, start, trainer_env)
 
+# Every test trains through real torchrun processes.
+pytestmark = pytest.mark.slow
+
 STEPS = 40
 GLOBAL_BATCH = 8  # batch_size_per_gpu 4 x 2 ranks
 METRIC_FIELDS = {"step", "loss", "lr", "tokens", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "step_time_s",

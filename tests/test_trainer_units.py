@@ -253,6 +253,7 @@ def test_metrics_record_and_mfu(tmp_path):
     assert math.isclose(arch.flops_per_token(4096) / 1e9, 46.09, rel_tol=0.001)
 
 
+@pytest.mark.slow
 def test_safetensors_slices_read_into_shards(tmp_path):
     from safetensors.torch import save_file
 
