@@ -142,3 +142,9 @@ def test_a_refusal_stays_small_in_memory(tmp_path):
     assert b"1,000,000,000 runs" in proc.stderr.read()
     assert usage.ru_maxrss < 100 * 1024  # KiB
     assert not (tmp_path / "out").exists()
+
+
+def test_a_results_line_nested_too_deeply_is_one_line(tmp_path):
+    path = tmp_path / "deep.jsonl"
+    path.write_text("[" * 100_000 + "\n")
+    assert "deep.jsonl:1: nested too deeply" in refused(report, [str(path)], tmp_path)

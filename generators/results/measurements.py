@@ -126,6 +126,8 @@ def _json_lines(path: Path, label: str, fix: str) -> list[tuple[int, dict[str, A
         except json.JSONDecodeError as err:
             raise InputError(f"not JSON ({err.msg} at column {err.colno})", file=label, line=number,
                               fix=fix) from None
+        except RecursionError:
+            raise InputError("nested too deeply to be a record", file=label, line=number, fix=fix) from None
         if not isinstance(value, dict):
             raise InputError(f"a JSON {type(value).__name__}, not an object", file=label, line=number, fix=fix)
         records.append((number, value))
@@ -236,6 +238,8 @@ def load_run(path: Path, label: str, warmup_logs: int) -> Measurement:
     except json.JSONDecodeError as err:
         raise InputError(f"not JSON ({err.msg} at column {err.colno})", file=info_label, line=err.lineno,
                           fix=RUN_FIX) from None
+    except RecursionError:
+        raise InputError("nested too deeply to be run information", file=info_label, fix=RUN_FIX) from None
     if not isinstance(info, dict):
         raise InputError("is not a JSON object", file=info_label, fix=RUN_FIX)
     at_info = _At(info_label, 0, RUN_FIX, info_text)
