@@ -263,12 +263,17 @@ class Checkpointer:
         if not self.enabled or not self.cfg.resume:
             return None
         while True:
-            choice: list[Any] = [None, [], None]
+            choice: list[Any] = [None, [], None, None]
             if self.rank == 0:
-                path, notes = self._newest()
-                choice = [path, notes, self._config_changes(path) if path else None]
+                try:
+                    path, notes = self._newest()
+                    choice = [path, notes, self._config_changes(path) if path else None, None]
+                except OSError as err:  # e.g. an unreadable directory: every rank must hear of it, not wait
+                    choice[3] = _one_line(err)
             dist.broadcast_object_list(choice, src=0)
-            path, notes, changes = choice
+            path, notes, changes, error = choice
+            if error:
+                raise ConfigError("checkpoint.dir", f"cannot read the checkpoints in {self.cfg.dir}: {error}")
             for note in notes:
                 say(note)
             if path is None:
@@ -293,10 +298,17 @@ class Checkpointer:
             return path, state
 
     def _config_changes(self, path: str) -> tuple[list[str], list[str]]:
-        with open(os.path.join(path, "config.yaml"), encoding="utf-8") as fh:
-            saved = yaml.safe_load(fh) or {}
         with open(os.path.join(path, COMPLETE), encoding="utf-8") as fh:
             saved_world = int(json.load(fh).get("world_size", self.world_size))
+        try:
+            with open(os.path.join(path, "config.yaml"), encoding="utf-8") as fh:
+                saved = yaml.safe_load(fh)
+        except (OSError, yaml.YAMLError) as err:
+            saved = err
+        if not isinstance(saved, dict):
+            # The weights and optimizer state are whole (verified); only the record of the config is not.
+            return [], [f"its config.yaml is unreadable, so nothing was compared ({_one_line(saved)})"
+                        if isinstance(saved, BaseException) else "its config.yaml is empty, so nothing was compared"]
         return compare_configs(saved, self.resolved_config, saved_world, self.world_size)
 
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
