@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from matrix_support import GOOD, REPO_ROOT
@@ -47,6 +48,7 @@ def expand(root: Path, matrix_text: str) -> subprocess.CompletedProcess:
                            "--out", str(root / "overlays")], capture_output=True, text=True, env=env, check=False)
 
 
+@pytest.mark.slow
 def test_a_new_run_field_is_one_schema_line_plus_its_use(tmp_path):
     root = edited_copy(tmp_path)
     plain = expand(root, GOOD)

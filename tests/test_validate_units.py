@@ -74,6 +74,7 @@ def test_secret_references_are_fine(container):
     assert semantics.secret_problems(container) == []
 
 
+@pytest.mark.slow
 def test_core_schemas_are_prepared_once_in_kubeconform_layout(tmp_path):
     out = schemas.prepare_core_schemas(schemas.K8S_VERSION, tmp_path)
     assert out == tmp_path / f"v{schemas.K8S_VERSION}"
@@ -93,6 +94,7 @@ def test_core_schemas_are_prepared_once_in_kubeconform_layout(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == [out.name]  # no temporary folder left behind
 
 
+@pytest.mark.slow
 def test_core_schemas_are_prepared_again_for_another_package_version(tmp_path):
     out = schemas.prepare_core_schemas(schemas.K8S_VERSION, tmp_path)
     (out / "SOURCE").write_text("kubernetes-validate 0.0.1\n")
