@@ -2,7 +2,8 @@
 
     python benchmarks/fp8_parity.py --out DIR [--model llama2-7b] [--steps 300] [--seq-len 1024]
 
-1. Writes samsum-format dialogues (the templates of tests/data/make_trainer_data.py, a fixed seed) to
+1. Writes samsum-format dialogues (the templates of tests/data/make_trainer_data.py, a fixed seed, and
+   a random mood tag closing every summary, so the loss has a floor of about ln(16)/summary tokens) to
    DIR/samsum.jsonl and trains a byte-level BPE tokenizer on them with the `tokenizers` package
    (DIR/tokenizer/, loadable by transformers' AutoTokenizer like a checkpoint's tokenizer).
 2. Starts two trainer processes at once (torchrun, one GPU each): precision bf16 on GPU 0 and fp8 on
@@ -27,6 +28,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests", "data"))
 
+MOODS = ("calm", "busy", "tired", "cheerful", "grumpy", "excited", "relaxed", "nervous", "curious", "bored",
+         "hopeful", "sleepy", "proud", "worried", "playful", "serious")
 TAIL = 20  # final loss: mean over the last TAIL steps (one step's loss is noisy)
 
 
@@ -39,6 +42,11 @@ def make_data(out: str, examples: int, vocab: int) -> tuple[str, str]:
     data = os.path.join(out, "samsum.jsonl")
     rng = random.Random(0)
     records = [samsum(rng) for _ in range(examples)]
+    # The templates make a summary a function of its dialogue, so both runs would drive the loss to
+    # zero and the comparison would be of rounding noise. A closing tag the dialogue does not predict
+    # (uniform over MOODS) puts a floor under the loss, as real text has one.
+    for r in records:
+        r["summary"] += f" Mood: {rng.choice(MOODS)}."
     with open(data, "w", encoding="utf-8") as fh:
         for r in records:
             fh.write(json.dumps(r) + "\n")
