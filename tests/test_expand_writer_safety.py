@@ -172,3 +172,20 @@ def test_sigkill_at_random_moments_leaves_the_old_or_the_new_tree(tmp_path):
     final = expand(tmp_path / "b.yaml", out)
     assert final.returncode == 0 and tree_hash(out) == trees["b"]
     assert [p.name for p in tmp_path.iterdir() if ".writing-" in p.name or ".replaced-" in p.name] == []
+
+
+def test_files_recorded_by_a_nested_output_are_not_adopted(tmp_path):
+    """cluster.py pointed at overlays/ must not delete what it recorded in overlays/provisioning/."""
+    from click.testing import CliRunner
+
+    from generators import cluster
+
+    out = tmp_path / "overlays"
+    m = tmp_path / "m.yaml"
+    m.write_text(matrix(1, "1.0e-5"))
+    assert expand(m, out).returncode == 0
+    nested = out / "provisioning"
+    assert CliRunner().invoke(cluster.main, [str(m), "--out", str(nested)]).exit_code == 0
+    before = tree_hash(nested)
+    assert CliRunner().invoke(cluster.main, [str(m), "--out", str(out)]).exit_code == 0
+    assert tree_hash(nested) == before
