@@ -40,6 +40,7 @@ BASE_JOB = {
                 "restartPolicy": "OnFailure",
                 "template": {"spec": {
                     "nodeSelector": {"node.kubernetes.io/instance-type": "p5.48xlarge"},
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 10001},
                     "containers": [{
                         "name": "pytorch",
                         # {"$imagepolicy": ...} markers live in the real base; a pinned tag is what matters here.
@@ -385,7 +386,8 @@ def test_sops_encrypted_secret_passes_and_plaintext_secret_fails(tmp_path):
     files = fixture_files()
     secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf-token", "namespace": "fsdp"},
               "type": "Opaque", "stringData": {"token": "ENC[AES256_GCM,data:abc,iv:x,tag:y,type:str]"},
-              "sops": {"age": [{"recipient": "age1xyz", "enc": "x"}], "version": "3.11.0"}}
+              "sops": {"age": [{"recipient": "age1xyz", "enc": "x"}], "version": "3.11.0",
+                       "mac": "ENC[AES256_GCM,data:m,iv:x,tag:y,type:str]"}}
     files["overlays/infrastructure/c1/configs/secret.yaml"] = secret
     files["overlays/infrastructure/c1/configs/kustomization.yaml"]["resources"].append("secret.yaml")
     write_tree(tmp_path, files)
@@ -394,6 +396,12 @@ def test_sops_encrypted_secret_passes_and_plaintext_secret_fails(tmp_path):
     write_tree(tmp_path, files)
     only(problems(tmp_path), "overlays/infrastructure/c1/configs/secret.yaml", "Secret/fsdp/hf-token",
          "unencrypted")
+    # A copied sops block over a plain-text value only pretends to be encrypted.
+    secret["sops"] = {"age": [], "mac": "ENC[AES256_GCM,data:m,iv:x,tag:y,type:str]"}
+    secret["stringData"]["token"] = "hf_plaintexttokenplaintexttoken"
+    write_tree(tmp_path, files)
+    only(problems(tmp_path), "overlays/infrastructure/c1/configs/secret.yaml", "Secret/fsdp/hf-token",
+         "stringData.token is not encrypted")
 
 
 def test_script_runs_from_a_checkout(tmp_path):
