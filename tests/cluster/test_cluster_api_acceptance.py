@@ -19,8 +19,10 @@ def test_overlay_paths_cover_runs_infrastructure_and_cluster_entry_points() -> N
     clusters = sorted(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "overlays" / "clusters").iterdir())
     assert runs and set(runs) <= set(paths)
     assert clusters and set(clusters) <= set(paths)
-    assert {p for p in paths if p.startswith("overlays/infrastructure/")} == {
-        f"overlays/infrastructure/{Path(c).name}/{part}" for c in clusters for part in ("controllers", "configs")}
+    infrastructure = {str(k.parent.relative_to(REPO_ROOT))
+                      for k in (REPO_ROOT / "overlays" / "infrastructure").glob("*/*/kustomization.yaml")}
+    assert {f"overlays/infrastructure/{Path(c).name}/controllers" for c in clusters} <= infrastructure
+    assert {p for p in paths if p.startswith("overlays/infrastructure/")} == infrastructure
     assert not [p for p in paths if p.startswith("overlays/provisioning")]  # eksctl input, not objects
 
 
