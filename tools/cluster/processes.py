@@ -151,27 +151,3 @@ def leftovers() -> list[str]:
             if cols[3] == "0A" and port in PORTS:  # 0A: LISTEN
                 found.append(f"port {port} still listens")
     return found
-
-
-def listening_ports(pids: set[int]) -> set[tuple[int, int]]:
-    """(pid, port) of every TCP socket in LISTEN state that one of pids holds (from /proc)."""
-    inodes: dict[str, int] = {}
-    for pid in pids:
-        try:
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if target.startswith("socket:["):
-                    inodes[target[8:-1]] = pid
-        except OSError:
-            continue
-    found = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            rows = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            cols = row.split()
-            if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
-                found.add((inodes[cols[9]], int(cols[1].rsplit(":", 1)[1], 16)))
-    return found
