@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from trainer.progress import ProgressPublisher, annotations, format_eta
-from trainer_support import REPO_ROOT, finish, free_port, output_overrides, read_metrics, torchrun_cmd, trainer_env
+from trainer_support import REPO_ROOT, finish, output_overrides, read_metrics, torchrun_cmd, trainer_env
 
 TOKEN = "sa-token-of-the-run"
 POD = "tiny-run-worker-0"
