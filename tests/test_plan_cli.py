@@ -213,3 +213,11 @@ def test_the_pull_request_workflow_posts_one_plan_comment_with_a_least_privilege
     assert "--method PATCH" in runs and "--method POST" in runs
     checkout = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/checkout@"))
     assert checkout["with"]["persist-credentials"] is False and checkout["with"]["fetch-depth"] == 0
+
+
+def test_the_readme_shows_the_seed_matrix_plan_as_the_command_prints_it():
+    result = invoke(str(SEED), "--plan")
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert result.stdout.rstrip("\n") in readme, (
+        "README.md's seed plan is stale: paste the output of `python generators/expand.py matrix.yaml --plan` "
+        "into its section 'The plan'")
