@@ -63,7 +63,7 @@ def main(matrix: str, out: str | None, check: bool, list_runs: bool, show_plan: 
     m: Matrix = load(matrix)
     runs: list[Run] = expand(m)
     if show_plan:
-        print_plan(matrix, m, runs, base, prices)
+        print_plan(matrix, label, m, runs, base, prices)
         return
     plans: list[ClusterPlan] = plan(m, runs)
     if list_runs:
@@ -77,9 +77,10 @@ def main(matrix: str, out: str | None, check: bool, list_runs: bool, show_plan: 
     sync(out_dir, files, check=check, generator=GENERATOR, rerun=rerun, what=f"for {len(runs)} runs")
 
 
-def print_plan(matrix_file: str, m: Matrix, runs: list[Run], base: str | None, prices: str | None) -> None:
+def print_plan(matrix_file: str, label: str, m: Matrix, runs: list[Run], base: str | None,
+               prices: str | None) -> None:
     """--plan: the plan (or its difference against REF) on stdout; refused runs make it exit 1."""
-    text, refused = plan_output(matrix_file, m, runs, base, prices)
+    text, refused = plan_output(matrix_file, label, m, runs, base, prices)
     click.echo(text, nl=False)
     if refused:
         raise Failure(f"{refused} run{'s' if refused != 1 else ''} cannot fit: each is refused above with "

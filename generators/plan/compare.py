@@ -10,6 +10,7 @@ a path outside a git repository is bad input (--base).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import subprocess
 from dataclasses import dataclass
@@ -115,11 +116,13 @@ def diff_markdown(d: PlanDiff) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plan_output(matrix_file: str, matrix: Matrix, runs: list[Run], base: str | None,
+def plan_output(matrix_file: str, label: str, matrix: Matrix, runs: list[Run], base: str | None,
                 prices_file: str | None) -> tuple[str, int]:
-    """(the Markdown `expand.py --plan [--base REF]` prints, how many runs are refused)."""
+    """(the Markdown `expand.py --plan [--base REF]` prints, how many runs are refused); `label` names
+    the matrix in the title (the banners' name for it: the same text from any directory)."""
     prices = load_prices(prices_file, prices_file)
-    new = estimate_matrix(matrix, plan_runs(matrix, runs, reject_unfit=False), prices)
+    new = dataclasses.replace(estimate_matrix(matrix, plan_runs(matrix, runs, reject_unfit=False), prices),
+                              matrix_file=label)
     if base is None:
         return plan_markdown(new), len(new.refused)
     label, text = matrix_at(base, matrix_file)
