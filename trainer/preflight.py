@@ -41,7 +41,7 @@ _USING = re.compile(r"Using network (.+)$", re.MULTILINE)
 
 def _net_name(name: str) -> str:
     low = name.lower()
-    if "ofi" in low or "libfabric" in low or "efa" in low:
+    if "ofi" in low or "libfabric" in low or "efa" in low or low.startswith("aws"):
         return "efa"
     if low.startswith("ib"):
         return "ib"
