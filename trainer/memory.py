@@ -7,12 +7,13 @@ real device's memory), so both choose the same way. Pure Python, no torch.
 Per GPU, in bytes (P parameters, L layers, b batch per GPU, s sequence length, h hidden size,
 kv KV width, i intermediate size, V vocabulary, d = 2 for bf16 and fp8 or 4 for fp32, S the shard group):
 - resident state: P x (4 fp32 parameters + 8 AdamW moments, 4 in bf16) / S; with gradient
-  accumulation synchronised only at the last micro-batch, plus 4 P of unsharded fp32 gradients;
+  accumulation, plus the gradients held across micro-batches: 4 P unsharded fp32 when only the last
+  micro-batch reduces, else the sharded 4 P / S;
 - activations or gradients, whichever is larger: backward frees a layer's saved activations as it
   produces that layer's gradients, so the two peaks do not add up. Gradients are 4 P / S. Saved
   activations are the layer input b x s x h x d for a checkpointed layer and b x s x (6h + 2kv + 4i)
   x d for a layer that keeps them (every layer with no checkpointing; all but every Nth with
-  selective), plus one layer being recomputed;
+  selective; x 0.8 with fp8, whose linears save float8 inputs), plus one layer being recomputed;
 - gathered parameters: FULL_SHARD / HYBRID_SHARD two decoder layers (current and prefetched) plus
   the root (embeddings, final norm, lm_head) in d bytes (decoder weights 1 byte with the fp8
   all-gather); SHARD_GRAD_OP and NO_SHARD keep all P gathered; plus one layer's unsharded fp32
@@ -43,6 +44,8 @@ OVERHEAD_GIB = 4.0
 # checkpointing (8,596, 131.5 GiB reserved); Llama-2-7B with none (estimate 85%) was the fastest mode.
 FIT_FRACTION = 0.90
 AUTO_ORDER = ("none", "selective", "full")
+# Saved activations of an fp8 layer against a bf16 one (measured saving about 25%; kept conservative).
+FP8_ACTIVATION_FACTOR = 0.8
 
 
 def estimate_peak_gib(arch: Architecture, cfg: TrainConfig, shard: int, ac_mode: str | None = None,
@@ -60,9 +63,11 @@ def estimate_peak_gib(arch: Architecture, cfg: TrainConfig, shard: int, ac_mode:
     resident = P * (4 + (4 if tr.bf16_optimizer_state else 8)) / shard
     grads = P * 4 / shard
     # An unresolved grad_sync 'auto' counts as 'every'; resolve_auto decides it before the estimate.
-    if tr.grad_accum_steps > 1 and (grad_sync or par.grad_sync) == "last":
-        # Unsynchronised micro-batches accumulate unsharded fp32 gradients of every parameter.
-        resident += P * 4
+    if tr.grad_accum_steps > 1:
+        # Gradients of the earlier micro-batches live through the later ones' activations: unsharded
+        # fp32 of every parameter when only the last micro-batch reduces, else the sharded ones.
+        # Measured on two H200s (Llama-2-7B, 4 micro-batches): +25.1 GiB (= 4 P) and +12.6 GiB (= 4 P / 2).
+        resident += P * 4 if (grad_sync or par.grad_sync) == "last" else grads
     root = arch.num_embedding_params + h
     layer = (P - root) / L
     d_layer = 1 if par.fp8_all_gather else d
@@ -74,6 +79,11 @@ def estimate_peak_gib(arch: Architecture, cfg: TrainConfig, shard: int, ac_mode:
     tokens = tr.batch_size_per_gpu * cfg.data.seq_len
     layer_in = tokens * h * d
     layer_full = tokens * (6 * h + 2 * kv + 4 * arch.intermediate_size) * d
+    if par.precision == "fp8":
+        # torchao saves the float8 casts of the linear layers' inputs for backward instead of bf16
+        # copies. Measured on two H200s (BENCHMARKS.md): 9.3 GiB less than bf16 for Llama-2-7B and
+        # 11.0 GiB for Llama-3.1-8B without checkpointing, about a quarter of the activations.
+        layer_full *= FP8_ACTIVATION_FACTOR
     if mode == "none":
         acts = L * layer_full
     elif mode == "full":
@@ -104,14 +114,15 @@ def choose_activation_checkpointing(arch: Architecture, cfg: TrainConfig, shard:
 def resolve_auto(arch: Architecture, cfg: TrainConfig, shard: int, gpu_memory_gib: float) -> TrainConfig:
     """`cfg` with activation_checkpointing and grad_sync 'auto' replaced by the chosen settings.
 
-    grad_sync 'auto' is 'last' (one gradient reduction per optimizer step) when some checkpointing
-    mode fits with it, else 'every'; checkpointing 'auto' is then chosen as above. Settings that are
+    grad_sync 'auto' (with gradient accumulation) is 'last' (one gradient reduction per optimizer
+    step) when some checkpointing mode fits with it, else 'every'; checkpointing 'auto' is then chosen as above. Settings that are
     not 'auto' are kept.
     """
     par = cfg.parallelism
     ac_fixed = par.activation_checkpointing != "auto"
     sync = par.grad_sync
-    if sync == "auto":
+    # With one micro-batch per step there is nothing to defer: 'auto' stays as written.
+    if sync == "auto" and cfg.training.grad_accum_steps > 1:
         modes = (par.activation_checkpointing,) if ac_fixed else AUTO_ORDER
         sync = "last" if any(fits(estimate_peak_gib(arch, cfg, shard, m, "last"), gpu_memory_gib)
                              for m in modes) else "every"
