@@ -8,6 +8,7 @@
 #   bash benchmarks/h200x2.sh accum       # 4 micro-batches per step: one gradient reduction or four
 #   bash benchmarks/h200x2.sh profile     # where the time goes (compute, exposed communication, idle)
 #   bash benchmarks/h200x2.sh tune        # the two fastest configurations with bf16 AdamW moments
+#   bash benchmarks/h200x2.sh entry       # trainer.train itself with fp8: checkpoint and resume, 7B figures
 #   bash benchmarks/h200x2.sh memory      # peak memory of further shapes (13B fp8, sequence 8192)
 set -uo pipefail
 out="${OUT:-/tmp/h200x2}"
@@ -43,6 +44,20 @@ for stage in "$@"; do
     memory)
       suite --gpus 2 --model llama2-13b --out "$out/h200x2-memory.jsonl" --only default-fp8
       suite --gpus 2 --seq-len 8192 --batch-size 1 --out "$out/h200x2-memory.jsonl" --only default ;;
+    entry)
+      # The trainer entry point with fp8 on GPUs: tiny model, compiled, checkpoint at 10, a second launch
+      # resumes there; then Llama-2-7B fp8 on both GPUs, the figures trainer.train logs.
+      t=(--config trainer/configs/tiny.yaml parallelism.precision=fp8 parallelism.compile=true
+         checkpoint.dir="$out/tiny/ck" checkpoint.interval_steps=10 checkpoint.export_dir= metrics.output_dir="$out/tiny")
+      python3 -m torch.distributed.run --standalone --nproc_per_node=2 -m trainer.train "${t[@]}" training.max_steps=20 \
+        2>&1 | grep -E "^(model|step (1|10|20) |checkpoint)"
+      python3 -m torch.distributed.run --standalone --nproc_per_node=2 -m trainer.train "${t[@]}" training.max_steps=30 \
+        2>&1 | grep -E "^(resumed|step (11|30) )"
+      python3 -m torch.distributed.run --standalone --nproc_per_node=2 -m trainer.train \
+        --config trainer/configs/llama2-7b.yaml model.path= data.format=synthetic training.max_steps=10 \
+        training.batch_size_per_gpu=2 parallelism.precision=fp8 checkpoint.dir= checkpoint.export_dir= \
+        metrics.output_dir="$out/llama2-7b-fp8" 2>&1 | grep -E "^(model|step)"
+      cp "$out/llama2-7b-fp8/metrics.jsonl" "$out/llama2-7b-fp8-metrics.jsonl"; rm -rf "$out/tiny" "$out/llama2-7b-fp8" ;;
     *) echo "unknown stage $stage" >&2; exit 2 ;;
   esac
 done
