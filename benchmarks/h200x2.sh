@@ -56,7 +56,7 @@ for stage in "$@"; do
       python3 -m torch.distributed.run --standalone --nproc_per_node=2 -m trainer.train \
         --config trainer/configs/llama2-7b.yaml model.path= data.format=synthetic training.max_steps=10 \
         training.batch_size_per_gpu=2 parallelism.precision=fp8 checkpoint.dir= checkpoint.export_dir= \
-        metrics.output_dir="$out/llama2-7b-fp8" 2>&1 | grep -E "^(model|step)"
+        metrics.log_interval_steps=1 metrics.output_dir="$out/llama2-7b-fp8" 2>&1 | grep -E "^(model|step)"
       cp "$out/llama2-7b-fp8/metrics.jsonl" "$out/llama2-7b-fp8-metrics.jsonl"; rm -rf "$out/tiny" "$out/llama2-7b-fp8" ;;
     *) echo "unknown stage $stage" >&2; exit 2 ;;
   esac
