@@ -27,7 +27,8 @@ RATIO_BOUND = 0.05
 # outside its bound, so a model that learns them fails until it is moved back into the fixtures.
 _SMALLER_PEAK = ("trainer/memory.py stays about 9 GiB above the measured peak of Llama-2-7B, as on one GPU "
                  "with fp32 moments (119.8 against 110.4), and on a smaller peak that is 10-12%")
-_FP8 = "trainer/memory.py counts an fp8 run as bf16 (what float8 saves is not modelled): 11-29% above"
+_FP8 = ("trainer/memory.py takes fp8 activations at 0.8 of bf16 to stay safe where about 0.75 was measured, "
+        "on top of the 2-GPU overestimate above: 10-17%")
 MEMORY_OUTSIDE = {
     ("h200x1-final.jsonl", "default-bf16-optimizer-state"): _SMALLER_PEAK,
     ("h200x1-suite2.jsonl", "default-bf16-optimizer-state"): _SMALLER_PEAK,
@@ -38,9 +39,8 @@ MEMORY_OUTSIDE = {
     ("h200x1-fp8.jsonl", "default-fp8"): _FP8,
     ("h200x2-llama2-7b.jsonl", "default-fp8"): _FP8,
     ("h200x2-llama2-7b.jsonl", "default-fp8-shard-grad-op"): _FP8,
-    ("h200x2-llama2-7b.jsonl", "default-fp8-all-gather"): _FP8,
     ("h200x2-models.jsonl", "default-fp8"): _FP8,
-    ("h200x2-memory.jsonl", "default-fp8"): _FP8,
+    ("h200x2-accum.jsonl", "default-accum4-sync-every"): _SMALLER_PEAK,
     ("h200x2-memory.jsonl", "default"): _SMALLER_PEAK,
     ("h200x2-bf16-moments.jsonl", "default-shard-grad-op"): _SMALLER_PEAK,
     ("h200x2-bf16-moments.jsonl", "default-fp8-shard-grad-op"): _FP8,
@@ -108,8 +108,8 @@ def test_the_fixtures_cover_models_checkpointing_strategies_and_two_gpus():
     assert {c[0] for c in within} >= {"llama2-7b", "llama2-13b", "llama3.1-8b"}
     assert {c[3] for c in within} == {"none", "selective", "full"}
     assert {c[4] for c in within} >= {"FULL_SHARD", "HYBRID_SHARD"} and {c[7] for c in within} == {1, 2}
-    # fp8 is covered by the speed model only (MEMORY_OUTSIDE says why).
-    assert {configuration(r)[5] for _, _, r in RECORDS} == {"bf16", "fp8"}
+    # Both precisions are held to the bound by at least one configuration each.
+    assert {c[5] for c in within} == {"bf16", "fp8"}
     for _, _, r in RECORDS:
         assert r["command"].strip(), "every fixture carries the command that measured it"
 
