@@ -27,6 +27,7 @@ def test_fp8_all_gather_needs_fp8():
     assert cfg(precision="fp8", fp8_all_gather=True).parallelism.fp8_all_gather
 
 
+@pytest.mark.slow  # torchao conversion and an emulated fp8 step: seconds
 def test_decoder_linears_become_float8_and_the_rest_stays():
     from torchao.float8.float8_linear import Float8Linear
 

@@ -85,6 +85,7 @@ def test_a_bad_wait_setting_is_one_line_exit_2():
         "error: FSDP_RDZV_WAIT_S='ten minutes': must be a number of seconds, e.g. FSDP_RDZV_WAIT_S=900"], done
 
 
+@pytest.mark.slow
 def test_sigterm_while_waiting_exits_143(tmp_path):
     # A pod deleted while its worker waits for the first one: a status the operator restarts, at once
     # (as a container's first process, an unhandled SIGTERM would be ignored until the grace period ends).
