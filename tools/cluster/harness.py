@@ -30,6 +30,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import os
 import shutil
 import ssl
 import subprocess
@@ -214,7 +215,10 @@ class Cluster:
             "--bind-address=127.0.0.1", f"--secure-port={port}",
             f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'apiserver.crt'}",
             "--use-service-account-credentials=false",
-            "--controllers=*,-cloud-node-lifecycle-controller,-service-lb-controller,-node-route-controller"])
+            "--controllers=*,-cloud-node-lifecycle-controller,-service-lb-controller,-node-route-controller,"
+            # kwok posts the fake nodes' status; on a busy machine a late heartbeat must not mark their
+            # pods unready (this controller never sets them ready again, no kubelet does).
+            "-node-lifecycle-controller"])
         proc.wait_ready(lambda: _get(f"https://127.0.0.1:{port}/healthz", insecure=True) == "ok", 60, "healthy")
 
     def _kwok(self) -> None:
@@ -271,6 +275,38 @@ class Cluster:
                    "containers": [{"name": "not-pytorch", "image": "busybox:1.37"}]}}}}}}
         res = self.kubectl_result("apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump(bad))
         return "denied the request" in res.stderr
+
+    # ----------------------------------------------------------------------------------------- flux
+
+    def start_sources_server(self) -> str:
+        """tools/cluster/servers.py over work/serve (git, Helm and OCI); returns its base URL."""
+        import sys
+
+        port = free_port()
+        (self.work / "serve").mkdir(exist_ok=True)
+        proc = self._start("sources-server", [sys.executable, "-m", "tools.cluster.servers", self.work / "serve", port],
+                           env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+        proc.wait_ready(lambda: _get(f"http://127.0.0.1:{port}/v2/") is not None, 30, "serving")
+        return f"http://127.0.0.1:{port}"
+
+    def start_flux(self) -> None:
+        """Flux source-, kustomize- and helm-controller, watching all namespaces, on loopback."""
+        env = {"KUBECONFIG": str(self.kubeconfig), "RUNTIME_NAMESPACE": "flux-system",
+               "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.work)}
+        common = ["--enable-leader-election=false", "--watch-all-namespaces=true", "--events-addr=",
+                  "--log-level=info"]
+        for name in ("source-controller", "kustomize-controller", "helm-controller"):
+            metrics, health = free_port(), free_port()
+            args = [build.binary(name), *common, f"--metrics-addr=127.0.0.1:{metrics}",
+                    f"--health-addr=127.0.0.1:{health}"]
+            if name == "source-controller":
+                storage = free_port()
+                (self.work / "flux-storage").mkdir(exist_ok=True)
+                # The advertised address is where kustomize- and helm-controller download artifacts.
+                args += [f"--storage-path={self.work / 'flux-storage'}", f"--storage-addr=127.0.0.1:{storage}",
+                         f"--storage-adv-addr=127.0.0.1:{storage}"]
+            proc = self._start(name, args, env=env)
+            proc.wait_ready(lambda: _get(f"http://127.0.0.1:{health}/readyz") == "ok", 60, "ready")
 
     # ----------------------------------------------------------------------------------- fake nodes
 
