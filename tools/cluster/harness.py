@@ -215,10 +215,10 @@ class Cluster:
             "--bind-address=127.0.0.1", f"--secure-port={port}",
             f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'apiserver.crt'}",
             "--use-service-account-credentials=false",
-            "--controllers=*,-cloud-node-lifecycle-controller,-service-lb-controller,-node-route-controller,"
+            "--controllers=*,-cloud-node-lifecycle-controller,-service-lb-controller,-node-route-controller",
             # kwok posts the fake nodes' status; on a busy machine a late heartbeat must not mark their
-            # pods unready (this controller never sets them ready again, no kubelet does).
-            "-node-lifecycle-controller"])
+            # pods unready (nothing sets them ready again: no kubelet runs them).
+            "--node-monitor-grace-period=1h"])
         proc.wait_ready(lambda: _get(f"https://127.0.0.1:{port}/healthz", insecure=True) == "ok", 60, "healthy")
 
     def _kwok(self) -> None:
