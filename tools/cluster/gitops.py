@@ -3,7 +3,8 @@
     clone = prepare(work, server_url, oci_host, webhook_port)   # files, git repos, charts, age key
 
 What the clone changes, and nothing else:
-- the repository URL (matrix.yaml and the generated sources.yaml) -> the local git server;
+- the repository URL in the generated sources.yaml -> the local git server (matrix.yaml keeps its
+  https URL, which the generator requires; Clone.localize() rewrites again after each expand.py);
 - base/training-operator's GitRepository -> a local repository tagged as upstream, holding the
   operator's standalone manifests from the pinned module with the webhooks called by URL on loopback
   (tools/cluster/harness.py says why);
@@ -42,7 +43,13 @@ class Clone:
     bare: Path
     url: str
     age_key: str
+    upstream: str = ""  # matrix.yaml's repository URL, which the generator requires to be https or ssh
     branch: str = "main"
+
+    def localize(self) -> None:
+        """Point the generated GitRepository of every cluster at the loopback copy (again after expand.py)."""
+        for f in sorted((self.repo / "overlays" / "clusters").glob("*/sources.yaml")):
+            f.write_text(f.read_text().replace(self.upstream, self.url))
 
     def git(self, *args: str) -> str:
         return _git(self.repo, *args)
@@ -125,7 +132,7 @@ def prepare(work: Path, server: str, webhook_port: int) -> Clone:
     host = server.removeprefix("http://")
     repo_url = f"{server}/git/fsdp-gitops.git"
     upstream = yaml.safe_load((repo / "matrix.yaml").read_text())["repository"]["url"]
-    replacements = {upstream: repo_url}
+    replacements: dict[str, str] = {}
     charts: dict[str, list[tuple[str, str]]] = {}
     oci: list[tuple[Path, str, str, str]] = []
     for f in sorted((repo / "base").rglob("*.yaml")):
@@ -143,7 +150,7 @@ def prepare(work: Path, server: str, webhook_port: int) -> Clone:
             elif kind == "HelmRelease" and "chart" in spec:
                 cs = spec["chart"]["spec"]
                 charts.setdefault(cs["sourceRef"]["name"], []).append((cs["chart"], str(cs["version"])))
-    for f in [repo / "matrix.yaml", *sorted((repo / "base").rglob("*.yaml")), *sorted((repo / "overlays").rglob("*.yaml"))]:
+    for f in [*sorted((repo / "base").rglob("*.yaml")), *sorted((repo / "overlays").rglob("*.yaml"))]:
         text = f.read_text()
         new = text
         for old, url in replacements.items():
@@ -169,9 +176,10 @@ def prepare(work: Path, server: str, webhook_port: int) -> Clone:
         (folder / "index.yaml").write_text(yaml.safe_dump({"apiVersion": "v1", "entries": index,
                                                            "generated": "2026-11-30T00:00:00Z"}))
     age_key = _reencrypt_secrets(work, repo)
-    bare = serve / "git" / "fsdp-gitops.git"
-    _publish(repo, bare)
-    return Clone(repo, bare, repo_url, age_key)
+    clone = Clone(repo, serve / "git" / "fsdp-gitops.git", repo_url, age_key, upstream)
+    clone.localize()
+    _publish(repo, clone.bare)
+    return clone
 
 
 def _operator_repo(src: Path, bare: Path, tag: str, webhook_port: int) -> None:

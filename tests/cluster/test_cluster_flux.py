@@ -1,0 +1,128 @@
+"""Level 3: real Flux controllers reconcile a cluster's entry point from a local git server until every
+Kustomization and HelmRelease is Ready; a pull-request-like commit (one run added, one removed,
+regenerated with expand.py) creates and prunes PyTorchJobs; a broken commit leaves the cluster on
+the last good revision with the Kustomization reporting the API server's error.
+
+Each cluster of matrix.yaml gets its own control plane (the clusters' Flux objects share names).
+Sources are loopback copies (tools/cluster/gitops.py): the repository, the operator's manifests,
+stub Helm charts under the pinned names and versions, Secrets encrypted for a test age key.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+from tools.cluster import dryrun, gitops
+from tools.cluster.harness import REPO_ROOT, Cluster
+
+pytestmark = pytest.mark.slow
+
+CLUSTERS = sorted(yaml.safe_load((REPO_ROOT / "matrix.yaml").read_text())["clusters"])
+
+
+class Flux:
+    def __init__(self, cluster: Cluster, clone: gitops.Clone, name: str):
+        self.cluster, self.clone, self.name = cluster, clone, name
+
+    def jobs(self) -> set[str]:
+        return {j["metadata"]["name"] for j in self.cluster.get("pytorchjobs.kubeflow.org")["items"]}
+
+    def runs(self) -> set[str]:
+        return {p.name for p in (self.clone.repo / "overlays" / "runs" / self.name).iterdir() if p.is_dir()}
+
+    def kustomization(self, name: str) -> dict[str, Any]:
+        return self.cluster.get("kustomizations.kustomize.toolkit.fluxcd.io", "flux-system", name=name)
+
+    def wait_ready(self, timeout_s: float = 600) -> None:
+        self.cluster.wait_for(lambda: not gitops.not_ready(self.cluster) and self.runs() <= self.jobs(),
+                              timeout_s, f"every Kustomization and HelmRelease of {self.name} Ready "
+                                         f"(still: {gitops.not_ready(self.cluster)})")
+
+
+def start(name: str) -> Iterator[Flux]:
+    cluster = Cluster.start("operator")
+    try:
+        server = cluster.start_sources_server()
+        clone = gitops.prepare(cluster.work, server, cluster.webhook_port)
+        cluster.start_flux()
+        cluster.add_cpu_node()  # the controllers' Deployments (etcd, operator, autoscaler) run here
+        # Two GPU nodes of the cluster's instance type for the pre-flight and staging Jobs, and the
+        # volume the FSx CSI driver would provision for the cluster's claim.
+        matrix = yaml.safe_load((clone.repo / "matrix.yaml").read_text())
+        cluster.add_gpu_nodes(matrix["clusters"][name]["instance_types"][0], 2)
+        configs = dryrun.render(clone.repo, f"overlays/infrastructure/{name}/configs")
+        for pvc in [d for d in configs if d["kind"] == "PersistentVolumeClaim"]:
+            cluster.add_shared_volume(pvc)
+        gitops.bootstrap(cluster, clone, name)
+        flux = Flux(cluster, clone, name)
+        flux.wait_ready()
+        yield flux
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module", params=CLUSTERS)
+def flux(request: pytest.FixtureRequest) -> Iterator[Flux]:
+    yield from start(request.param)
+
+
+def test_flux_reconciles_the_cluster_until_everything_is_ready(flux: Flux) -> None:
+    assert gitops.not_ready(flux.cluster) == {}
+    names = {k["metadata"]["name"] for k in flux.cluster.get("kustomizations.kustomize.toolkit.fluxcd.io")["items"]}
+    assert {"flux-system", "infra-controllers", "infra-configs", "secrets", "training-operator"} <= names
+    assert len(flux.cluster.get("helmreleases.helm.toolkit.fluxcd.io")["items"]) >= 2
+    assert flux.jobs() == flux.runs()
+    # The Secret Flux decrypted with the test key is there, in clear, as the pods would read it.
+    secret = flux.cluster.get("secret", "fsdp", name="hf-token")
+    assert "sops" not in secret and secret.get("data")
+
+
+def _expand(flux: Flux) -> None:
+    res = subprocess.run([sys.executable, "generators/expand.py", "matrix.yaml"], cwd=flux.clone.repo,
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    flux.clone.localize()
+
+
+def test_pull_request_adds_one_run_and_prunes_another(flux: Flux) -> None:
+    before = flux.runs()
+    matrix = yaml.safe_load((flux.clone.repo / "matrix.yaml").read_text())
+    removed_rule = {"cluster": flux.name, "model": "llama2-7b", "nodes": 1}
+    matrix.setdefault("exclude", []).append(removed_rule)
+    matrix.setdefault("include", []).append({"cluster": flux.name, "model": "llama2-7b", "nodes": 2, "rev": 7})
+    (flux.clone.repo / "matrix.yaml").write_text(yaml.safe_dump(matrix, sort_keys=False))
+    _expand(flux)
+    after = flux.runs()
+    added, removed = after - before, before - after
+    assert len(added) == 1 and len(removed) == 1, (added, removed)
+    revision = flux.clone.commit_and_push("one run added, one removed")
+    gitops.reconcile_now(flux.cluster)
+    flux.cluster.wait_for(lambda: flux.jobs() == after, 300, f"Flux applies {added} and prunes {removed}")
+    assert flux.kustomization("flux-system")["status"]["lastAppliedRevision"].endswith(revision)
+
+
+def test_broken_commit_keeps_the_last_good_revision_and_reports_the_error(flux: Flux) -> None:
+    run = sorted(flux.runs())[0]
+    good = flux.kustomization(f"run-{run}")["status"]["lastAppliedRevision"]
+    jobs = flux.jobs()
+    patch = flux.clone.repo / "overlays" / "runs" / flux.name / run / "pytorchjob.run.yaml"
+    patch.write_text(patch.read_text() + "- op: add\n  path: /spec/nprocPerNodeX\n  value: \"8\"\n")
+    revision = flux.clone.commit_and_push("broken: a field the PyTorchJob schema does not have")
+    gitops.reconcile_now(flux.cluster)
+
+    def failed() -> str:
+        k = flux.kustomization(f"run-{run}")
+        ready = next((c for c in k.get("status", {}).get("conditions", []) if c["type"] == "Ready"), {})
+        return ready.get("message", "") if ready.get("status") == "False" and revision in ready.get("message", "") + \
+            k["status"].get("lastAttemptedRevision", "") else ""
+
+    message = flux.cluster.wait_for(failed, 300, f"run-{run} reports the broken revision")
+    assert "nprocPerNodeX" in message, message
+    status = flux.kustomization(f"run-{run}")["status"]
+    assert status["lastAppliedRevision"] == good
+    assert status["lastAttemptedRevision"].endswith(revision)
+    assert flux.jobs() == jobs  # nothing pruned, nothing half-applied
