@@ -239,6 +239,9 @@ def train(cfg: TrainConfig, env: DistEnv) -> int:
     metrics.close()
     if progress:
         progress.close()
+    # Every rank reaches the end before any tears its connections down: a rank still writing its
+    # last checkpoint while a peer destroys the group can abort at exit (seen with gloo under load).
+    dist.barrier()
     dist.destroy_process_group()
     # 128 + SIGTERM, what a process killed by the signal reports: the operator restarts such exits.
     return 128 + signal.SIGTERM if stopping else 0
