@@ -17,8 +17,8 @@ import posixpath
 import re
 from typing import Any, Iterator, Mapping, Sequence
 
-from generators.validation.manifests import PYTORCHJOB, Doc, Problem, gvk, meta, obj_name, walk
-from generators.validation.semantics import Blame
+from generators.validation.manifests import PYTORCHJOB, Doc, Problem, gvk, meta, walk
+from generators.validation.semantics import Blame, reporter
 
 # (namespace, workload name) -> {privilege: why that workload needs it}. Privileges are "hostNetwork",
 # "hostPID", "hostIPC", "hostPath:<path>", "capability:<NAME>", "privileged" and "root".
@@ -105,10 +105,7 @@ def check_pod_security(docs: Sequence[Doc], blame: Blame = lambda doc, keys: doc
         data = d.data
         if not isinstance(data, dict):
             continue
-
-        def bad(keys: tuple[str, ...], msg: str) -> None:
-            file = blame(d, keys)
-            problems.append(Problem(file, d.line if file == d.file else 0, obj_name(data), msg))
+        bad = reporter(problems, d, blame)
 
         allowed = HOST_ACCESS.get((meta(data, "namespace"), meta(data, "name")), {})
         for at, pod in pod_specs(data):

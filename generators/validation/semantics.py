@@ -105,6 +105,15 @@ def secret_problems(c: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str]]:
 Blame = Callable[[Doc, tuple[str, ...]], str]
 
 
+def reporter(problems: list[Problem], doc: Doc, blame: Blame) -> Callable[[tuple[str, ...], str], None]:
+    """`bad(keys, msg)` for one object: appends a Problem against the file `blame` names for those
+    keys, with the object's line only where that file is the object's own."""
+    def bad(keys: tuple[str, ...], msg: str) -> None:
+        file = blame(doc, keys)
+        problems.append(Problem(file, doc.line if file == doc.file else 0, obj_name(doc.data), msg))
+    return bad
+
+
 def check_objects(docs: Sequence[Doc], blame: Blame = lambda doc, keys: doc.file) -> list[Problem]:
     """Checks that apply to every object: images, inline secrets, unencrypted Secrets. `blame` names the
     file that holds a field (for a build: the input file that set it)."""
@@ -113,10 +122,7 @@ def check_objects(docs: Sequence[Doc], blame: Blame = lambda doc, keys: doc.file
         data = d.data
         if not isinstance(data, dict):
             continue
-
-        def bad(keys: tuple[str, ...], msg: str) -> None:
-            file = blame(d, keys)
-            problems.append(Problem(file, d.line if file == d.file else 0, obj_name(data), msg))
+        bad = reporter(problems, d, blame)
 
         for at, c in containers(data):
             label = f"container {c.get('name', '?')}"
@@ -201,10 +207,7 @@ def check_pytorchjob(doc: Doc, configmaps: Mapping[str, dict], instance_types: M
     data, spec = doc.data, doc.data.get("spec") or {}
     elastic = spec.get("elasticPolicy") or {}
     problems: list[Problem] = []
-
-    def bad(keys: tuple[str, ...], msg: str) -> None:
-        file = blame(doc, keys)
-        problems.append(Problem(file, doc.line if file == doc.file else 0, obj_name(data), msg))
+    bad = reporter(problems, doc, blame)
     rdzv_ids = {str(elastic["rdzvId"])} if elastic.get("rdzvId") else set()
     run_dirs: set[tuple[str, str]] = set()
     for role, replicas in sorted((spec.get("pytorchReplicaSpecs") or {}).items()):
