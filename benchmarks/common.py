@@ -34,6 +34,23 @@ def versions() -> dict:
     return out
 
 
+def build_random_model(cfg, model_name: str, env, device):
+    """The trainer's model setup for a randomly initialised catalog model, as trainer.train does it:
+    build on the meta device, resolve `auto` checkpointing, shard, materialise, initialise.
+    Returns (model, cfg with the checkpointing mode resolved)."""
+    from trainer import model as modeling
+    from trainer.catalog import MODELS
+    from trainer.parallelize import build_mesh, parallelize, resolve_checkpointing
+
+    model = modeling.build_model(cfg.model)
+    cfg = resolve_checkpointing(cfg, MODELS[model_name], env.world_size, env.local_world_size, device)
+    mesh = build_mesh(cfg.parallelism, env.world_size, env.local_world_size, device.type)
+    parallelize(model, cfg.parallelism, mesh)
+    modeling.materialize(model, device)
+    modeling.init_random_weights(model, cfg.model.init_seed)
+    return model, cfg
+
+
 def time_steps(step: Callable[[int], None], num_warmup: int, num_steps: int) -> list[float]:
     """Run warm-up steps untimed, then return the wall time of each measured step in seconds."""
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)

@@ -69,12 +69,11 @@ def worker(precision: str, model_name: str, data: str, tok_dir: str, seq_len: in
 
     import torch
 
-    from trainer import model as modeling
-    from trainer.catalog import MODELS
+    from benchmarks.common import build_random_model
     from trainer.config import from_dict
     from trainer.data import HFTokenizer, ShardedSampler, build_dataset
     from trainer.optim import build_optimizer, build_scheduler, train_step
-    from trainer.parallelize import build_mesh, init_distributed, parallelize, resolve_checkpointing
+    from trainer.parallelize import init_distributed
     from trainer.train import DistEnv
 
     cfg = from_dict({"model": {"name": model_name},
@@ -85,12 +84,7 @@ def worker(precision: str, model_name: str, data: str, tok_dir: str, seq_len: in
     env = DistEnv.from_environ()
     device = init_distributed(env.local_rank)
     torch.manual_seed(0)
-    model = modeling.build_model(cfg.model)
-    cfg = resolve_checkpointing(cfg, MODELS[model_name], env.world_size, env.local_world_size, device)
-    mesh = build_mesh(cfg.parallelism, env.world_size, env.local_world_size, device.type)
-    parallelize(model, cfg.parallelism, mesh)
-    modeling.materialize(model, device)
-    modeling.init_random_weights(model, cfg.model.init_seed)
+    model, cfg = build_random_model(cfg, model_name, env, device)
     dataset = build_dataset(cfg.data, HFTokenizer(tok_dir), model.config.vocab_size, cfg.training.seed)
     sampler = ShardedSampler(len(dataset), batch, env.rank, env.world_size, cfg.training.seed)
     optimizer = build_optimizer(model, cfg.training, device)

@@ -50,23 +50,17 @@ def main(model_name: str, seq_len: int, batch_size: int, overrides: tuple[str, .
     import torch
     import torch.distributed as dist
 
-    from benchmarks.common import emit, profile_breakdown, summarise, time_steps
-    from trainer import model as modeling
+    from benchmarks.common import build_random_model, emit, profile_breakdown, summarise, time_steps
     from trainer.catalog import peak_flops_for
     from trainer.data import ShardedSampler, SyntheticDataset
     from trainer.optim import build_optimizer, train_step
-    from trainer.parallelize import build_mesh, init_distributed, parallelize, resolve_checkpointing
+    from trainer.parallelize import init_distributed
     from trainer.train import DistEnv
 
     cfg = bench_config(model_name, seq_len, batch_size, overrides)
     env = DistEnv.from_environ()
     device = init_distributed(env.local_rank)
-    model = modeling.build_model(cfg.model)
-    cfg = resolve_checkpointing(cfg, MODELS[model_name], env.world_size, env.local_world_size, device)
-    mesh = build_mesh(cfg.parallelism, env.world_size, env.local_world_size, device.type)
-    parallelize(model, cfg.parallelism, mesh)
-    modeling.materialize(model, device)
-    modeling.init_random_weights(model, cfg.model.init_seed)
+    model, cfg = build_random_model(cfg, model_name, env, device)
     optimizer = build_optimizer(model, cfg.training, device)
     accum = cfg.training.grad_accum_steps
     rows = cfg.training.batch_size_per_gpu * env.world_size * accum * (warmup + steps)
