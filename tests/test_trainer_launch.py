@@ -1,22 +1,30 @@
-"""python -m trainer.launch: a rendezvous host that appears late does not fail the job.
+"""python -m trainer.launch: a rendezvous host that appears late does not fail the job, and a lost
+worker 0 is a restartable exit while a bug in the trainer stays a permanent one.
 
 The late host is real name resolution: each node runs in a private mount namespace (`unshare
 --mount`, root as here and in CI) with a bind-mounted /etc/hosts that does not name the first
 worker yet; the test adds the name later, as cluster DNS does once the first worker's pod exists,
-and only then starts that worker. Both nodes are real torchrun agents (c10d) training the tiny
-config, one CPU rank each.
+and only then starts that worker. The lost node is worker 0's torchrun and trainer killed with
+SIGKILL together. All nodes are real torchrun agents (c10d) training the tiny config, one CPU rank
+each; the bug is tests/trainer_crash.py, the trainer with a training step that raises.
 """
 from __future__ import annotations
 
+import json
+import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Sequence
 
 import pytest
 
-from trainer_support import LAUNCH_TIMEOUT_S, REPO_ROOT, TINY, finish, free_port, read_metrics, trainer_env
+from trainer.launch import LOST_PEER
+from trainer_support import (LAUNCH_TIMEOUT_S, REPO_ROOT, TINY, finish, free_port, read_metrics, trainer_env,
+                             worker_pids)
 
 HOST = "fsdp-late-worker-0"
 BIND_HOSTS = 'mount --bind "$HOSTS" /etc/hosts || exit 99; exec "$@"'
@@ -99,3 +107,146 @@ def test_sigterm_while_waiting_exits_143(tmp_path):
     proc.send_signal(signal.SIGTERM)
     finish(proc, 60)
     assert proc.returncode == 143, log.read_text()
+
+
+# --- a lost peer: worker 0's node goes away (restartable) vs. a bug in the trainer (permanent) -------
+
+CRASH = REPO_ROOT / "tests" / "trainer_crash.py"
+
+
+def c10d_node(out: Path, name: str, port: int, is_host: bool, torchrun_args: Sequence[str] = (),
+              overrides: Sequence[str] = (), script: Sequence[str] = ("-m", "trainer.train"),
+              **env: str) -> tuple[subprocess.Popen, Path]:
+    """One pod of a 2-node job (one CPU rank) on a c10d rendezvous at 127.0.0.1; the host serves the store.
+
+    With the pods' TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (base/pytorchjob), so that torchrun's restarts
+    set up the process group again."""
+    (out / name).mkdir(parents=True, exist_ok=True)
+    log = out / name / "launch.log"  # a restart appends to it, as to the pod's logs
+    cmd = [sys.executable, "-m", "trainer.launch", "--nnodes=2", "--nproc_per_node=1", "--rdzv-backend=c10d",
+           f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=lost-peer-test",
+           f"--rdzv-conf=is_host={str(is_host).lower()}", *torchrun_args,
+           *script, "--config", str(TINY), f"checkpoint.dir={out / 'ckpt'}", "checkpoint.export_dir=",
+           f"metrics.output_dir={out / name}", *overrides]
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=trainer_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", **env),
+                            stdout=log.open("a"), stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, log
+
+
+def job(out: Path, torchrun_args: Sequence[str] = (),
+        overrides: Sequence[str] = ()) -> list[tuple[subprocess.Popen, Path]]:
+    """Worker 0 (serves the store) and worker 1 of one job, with checkpoints in out/ckpt."""
+    port = free_port()
+    return [c10d_node(out, f"worker-{i}", port, i == 0, torchrun_args, overrides) for i in (0, 1)]
+
+
+def lose_node(agent: subprocess.Popen) -> None:
+    """SIGKILL a node's torchrun and its trainer processes together, as when the node goes away.
+
+    torchrun starts every worker in a session of its own, so the agent's process group alone would
+    leave the trainer running."""
+    workers = worker_pids(agent.pid)
+    assert workers, "no trainer process under the agent"
+    for group in (agent.pid, *workers.values()):
+        os.killpg(group, signal.SIGKILL)
+
+
+def wait_for_checkpoint(ckpt: Path, nodes) -> None:
+    for proc, log in nodes:
+        assert proc.poll() is None, f"exited {proc.returncode}:\n{log.read_text()[-3000:]}"
+    deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+    while not any(ckpt.glob("step-*/COMPLETE")):
+        for proc, log in nodes:
+            assert proc.poll() is None, f"exited {proc.returncode} before a checkpoint:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, "no checkpoint in time"
+        time.sleep(0.05)
+
+
+def newest_checkpoint(ckpt: Path) -> Path:
+    return max(p.parent for p in ckpt.glob("step-*/COMPLETE"))
+
+
+def finish_log(proc: subprocess.Popen, log: Path, timeout: float) -> str:
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise AssertionError(f"not finished in {timeout}s:\n{log.read_text()[-4000:]}") from None
+    return log.read_text()
+
+
+@pytest.mark.slow
+def test_losing_worker_0s_node_is_a_restartable_exit_and_the_restarted_job_resumes(tmp_path):
+    # As the generated jobs run: --max-restarts=3, torchrun's own monitor interval.
+    nodes = job(tmp_path, ["--max-restarts=3"], ["checkpoint.interval_steps=2"])
+    (first, first_log), (second, second_log) = nodes
+    wait_for_checkpoint(tmp_path / "ckpt", nodes)
+    lose_node(first)
+    lost = time.monotonic()
+    log = finish_log(second, second_log, 90)
+    assert second.returncode == LOST_PEER, f"exit {second.returncode}:\n{log[-4000:]}"
+    assert time.monotonic() - lost < 60
+    assert "the rendezvous store is gone" in log and f"a peer node was lost, exit status {LOST_PEER}" in log
+    finish_log(first, first_log, 10)
+
+    # The operator re-creates the pods: the job resumes from the newest complete checkpoint.
+    ckpt = newest_checkpoint(tmp_path / "ckpt")
+    step = int(ckpt.name.removeprefix("step-"))
+    for name in ("worker-0", "worker-1"):
+        (tmp_path / name / "metrics.jsonl").unlink(missing_ok=True)
+    restarted = job(tmp_path, ["--max-restarts=3"], ["checkpoint.interval_steps=2",
+                                                      f"training.max_steps={step + 2}"])
+    logs = [finish_log(proc, log, LAUNCH_TIMEOUT_S) for proc, log in restarted]
+    assert [proc.returncode for proc, _ in restarted] == [0, 0], "\n".join(log[-3000:] for log in logs)
+    assert any(f"resumed from {ckpt} at step {step}" in log for log in logs), "\n".join(logs)
+    records = [json.loads(line) for path in tmp_path.glob("worker-*/metrics.jsonl")
+               for line in path.read_text().splitlines() if line.strip()]
+    assert [r["step"] for r in records] == [step + 1, step + 2]
+
+
+@pytest.mark.slow
+def test_workers_whose_collectives_broke_with_the_lost_node_are_restartable_too(tmp_path):
+    # No restart left, and torchrun looks at its store only every 20 s: what it sees first is its worker
+    # failing in a collective (gloo: connection closed by peer), exit 1 like any trainer exception.
+    nodes = job(tmp_path, ["--max-restarts=0", "--monitor-interval=20"], ["checkpoint.interval_steps=2"])
+    (first, _), (second, second_log) = nodes
+    wait_for_checkpoint(tmp_path / "ckpt", nodes)
+    lose_node(first)
+    log = finish_log(second, second_log, 90)
+    assert second.returncode == LOST_PEER, f"exit {second.returncode}:\n{log[-4000:]}"
+    assert re.search(r"Connection (closed|reset) by peer", log), log[-3000:]
+    assert re.search(r"launch: the workers failed \(rank \d exit 1\); the rendezvous store is gone", log), log[-3000:]
+
+
+@pytest.mark.slow
+def test_an_exception_in_the_trainer_stays_a_permanent_exit_1(tmp_path):
+    # One node, two ranks: rank 1 raises, rank 0 fails in the collective it broke (exit 1, as a worker
+    # whose peer node went away). The store still answers, so it is the trainer's failure.
+    done = subprocess.run([sys.executable, "-m", "trainer.launch", "--standalone", "--nproc_per_node=2",
+                           str(CRASH), "--config", str(TINY), f"checkpoint.dir={tmp_path / 'ckpt'}",
+                           "checkpoint.export_dir=", f"metrics.output_dir={tmp_path / 'metrics'}"],
+                          cwd=REPO_ROOT, env=trainer_env(FSDP_TEST_CRASH_AT_STEP="2", FSDP_TEST_CRASH_RANK="1"),
+                          capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out[-4000:]
+    assert "injected bug in the training step" in out and re.search(r"Connection (closed|reset) by peer", out)
+    assert "a peer node was lost" not in out
+
+
+@pytest.mark.slow
+def test_an_exception_in_the_trainer_of_another_node_fails_the_job(tmp_path):
+    # The trainer on worker 1 raises at every attempt, and torchrun restarts the workers once (the
+    # generated jobs allow 3; one keeps the test short). Worker 0 serves the store, so it always
+    # reaches it and ends with 1 (its workers failed, or worker 1 closed the rendezvous): under
+    # restartPolicy ExitCode one permanent exit fails the job. Worker 1 ends with 1, or with 200 when
+    # worker 0 was gone first.
+    port = free_port()
+    nodes = [c10d_node(tmp_path, "worker-0", port, True, ["--max-restarts=1"]),
+             c10d_node(tmp_path, "worker-1", port, False, ["--max-restarts=1"], script=[str(CRASH)],
+                       FSDP_TEST_CRASH_AT_STEP="2")]
+    logs = [finish_log(proc, log, LAUNCH_TIMEOUT_S) for proc, log in nodes]
+    codes = [proc.returncode for proc, _ in nodes]
+    assert codes[0] == 1 and codes[1] in (1, LOST_PEER), f"{codes}:\n" + "\n".join(log[-3000:] for log in logs)
+    assert "injected bug in the training step" in logs[1]
+    assert "a peer node was lost" not in logs[0]

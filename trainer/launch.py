@@ -1,4 +1,4 @@
-"""torchrun, made to survive a late rendezvous host and to report preemption as a restartable exit.
+"""torchrun, made to survive a late rendezvous host and to report preemption and a lost peer as restartable exits.
 
     python -m trainer.launch <torchrun arguments>     # exactly the arguments torchrun takes
 
@@ -12,16 +12,44 @@
    After that it exits 1 with one line: a worker 0 that never comes should fail the job, not hold GPUs.
 2. Run torchrun (torch.distributed.run, the program behind the `torchrun` command) in this process,
    with the same arguments.
-3. Exit with a status the Training Operator restarts after a preemption. On SIGTERM torchrun forwards
-   the signal to the trainer processes (which save a checkpoint and exit 143, see trainer/train.py) and
-   then itself exits 1 with a traceback; under `restartPolicy: ExitCode` 1 is a permanent failure. So
-   SIGTERM (or any signal torchrun stops on) ends this process with 128 + the signal number, and
-   workers that all exited 143 (a preemption seen on another node) end it with 143. Workers that all
-   exited 2 (bad input, said in one line by the trainer) end it with 2, without torchrun's report. The operator
-   restarts exactly those: in kubeflow/training-operator's release-1.9 line (v1.9.0 up to the branch
-   head), pkg/util/train/train_util.go `IsRetryableExitCode` is `exitCode >= 128`, and
-   pkg/controller.v1/common/pod.go deletes and re-creates a failed pod of an ExitCode replica when it
-   holds, else fails the job. That is why torchrun runs in this process instead of being exec'ed.
+3. Exit with a status the Training Operator restarts after a preemption or a lost node. On SIGTERM
+   torchrun forwards the signal to the trainer processes (which save a checkpoint and exit 143, see
+   trainer/train.py) and then itself exits 1 with a traceback; under `restartPolicy: ExitCode` 1 is a
+   permanent failure. So SIGTERM (or any signal torchrun stops on) ends this process with 128 + the
+   signal number, and workers that all exited 143 (a preemption seen on another node) end it with 143.
+   Workers that all exited 2 (bad input, said in one line by the trainer) end it with 2, without
+   torchrun's report. The operator restarts exactly the codes >= 128: in kubeflow/training-operator's
+   release-1.9 line (v1.9.0 up to the branch head), pkg/util/train/train_util.go `IsRetryableExitCode`
+   is `exitCode >= 128`, and pkg/controller.v1/common/pod.go deletes and re-creates a failed pod of an
+   ExitCode replica when it holds, else fails the job. That is why torchrun runs in this process
+   instead of being exec'ed.
+4. A lost peer ends this process with LOST_PEER (200), a restart that resumes from the last checkpoint.
+   With the c10d rendezvous the store lives in worker 0's torchrun (this process, on that pod). When
+   worker 0's pod or node goes away, torchrun on every other node fails on the store: in its monitor
+   loop (every --monitor-interval), in the rendezvous it starts to restart its workers, or, with no
+   restart left, after its workers failed because their collectives broke (a connection closed or
+   reset by the peer, a NCCL watchdog abort). It exits 1 in each case, which would fail the job. A
+   lost peer and a broken trainer are told apart by what torchrun's own agent, in this process, finds:
+   - torchrun raising a connection or timeout error of its rendezvous store (RendezvousConnectionError,
+     DistNetworkError, DistStoreError) is a lost peer: only the agent talks to that store, and the
+     trainer's code runs in the worker processes, never here.
+   - torchrun giving up on failed workers (ChildFailedError) is a lost peer only if its rendezvous
+     handler, asked once more, cannot reach the store either (the same errors). Otherwise it is the
+     trainer's failure and stays 1 (and 2 stays 2). The workers' exit codes and error files cannot
+     make that call alone: the trainer writes no error file, and a worker whose collective broke exits
+     1 with a traceback (or dies by a signal) just as one with a bug in it.
+   - A rendezvous that timed out (RendezvousTimeoutError: peers that never came, as in step 1) or
+     that another node closed (RendezvousClosedError: that node gave up) stays 1.
+   This cannot turn a broken trainer into a restart loop: the node that serves the store always
+   reaches it (the store lives in its own process, kept alive here until the answer), so whatever its
+   workers do, a trainer failure ends it with 1, and one permanent exit fails the job. (A node whose
+   own trainer failed may still end with 200 when worker 0 stopped first; the job fails all the
+   same.) Where the store outlives the lost node (a node other than worker 0, or any node with the
+   etcd rendezvous, whose store is not on a training node), nothing is needed here: with
+   --max-restarts > 0 (the generated jobs use 3) torchrun restarts the workers and waits in the
+   rendezvous for the pod the operator re-creates. 200 because it is >= 128 and above 128 + every
+   signal number (Linux signals end at 64): it does not read as a signal, and 143 keeps meaning
+   preemption.
 
 torchrun gives its workers 30 s after forwarding SIGTERM, then kills them; a large model's checkpoint
 takes longer. FSDP_TERM_GRACE_S (default 30) sets that time after a signal: keep it a little under the
@@ -41,6 +69,7 @@ GRACE_ENV = "FSDP_TERM_GRACE_S"
 LOG_EVERY_S = 60.0
 POLL_S = 1.0
 STOPPED = 128 + signal.SIGTERM
+LOST_PEER = 200  # see item 4 of the module docstring
 
 
 def _seconds(name: str, default: float) -> float:
@@ -141,6 +170,62 @@ def _extend_worker_grace(grace_s: float) -> None:
     api.PContext.close = close_with_grace
 
 
+def _keep_rendezvous_handlers() -> list:
+    """Keep every rendezvous handler torchrun builds, to ask it again after the workers failed.
+
+    torchrun's launch_agent gets its handler from the registry module by its module-level name. Holding
+    it also keeps the store alive on the node that serves it (the store is the handler's) until then.
+    """
+    from torch.distributed.elastic.rendezvous import registry
+
+    handlers: list = []
+    create = registry.get_rendezvous_handler
+
+    def keep(params):
+        handler = create(params)
+        handlers.append(handler)
+        return handler
+
+    registry.get_rendezvous_handler = keep
+    return handlers
+
+
+def _store_error(err: BaseException) -> bool:
+    """Whether `err` is the rendezvous store's connection (or timeout) failing, raised in torchrun's agent."""
+    from torch.distributed import DistNetworkError, DistStoreError
+    from torch.distributed.elastic.rendezvous import RendezvousConnectionError
+
+    return isinstance(err, (RendezvousConnectionError, DistNetworkError, DistStoreError))
+
+
+def _store_lost(handlers: Sequence) -> BaseException | None:
+    """The store error torchrun's rendezvous handler meets when it reads the rendezvous now, or None."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    for handler in handlers:
+        try:
+            handler.num_nodes_waiting()
+        except SignalException:
+            raise
+        except Exception as err:  # any other answer (e.g. etcd's own errors) is not a lost store
+            if _store_error(err):
+                return err
+    return None
+
+
+def _one_line(err: BaseException) -> str:
+    """`Type: message`, with the inner exception torchrun chains to it (the socket's own error)."""
+    text = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+    cause = err.__cause__
+    return f"{text} <- {_one_line(cause)}" if cause is not None else text
+
+
+def _lost_peer(what: str, err: BaseException) -> int:
+    print(f"launch: {what}; the rendezvous store is gone ({_one_line(err)}): a peer node was lost, "
+          f"exit status {LOST_PEER}, the restarted job resumes from its last checkpoint", file=sys.stderr, flush=True)
+    return LOST_PEER
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # As a container's first process, a signal without a handler is ignored: make SIGTERM end the wait
@@ -148,26 +233,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     wait_for_rendezvous(argv)
     _extend_worker_grace(_seconds(GRACE_ENV, 30.0))
+    handlers = _keep_rendezvous_handlers()
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
-    try:
-        torchrun(argv)
+    try:  # the outer try: a signal can also arrive while a failure is looked at
+        try:
+            torchrun(argv)
+        except ChildFailedError as err:
+            codes = {STOPPED if f.exitcode == -signal.SIGTERM else f.exitcode for f in err.failures.values()}
+            if codes == {STOPPED}:
+                print(f"launch: every worker stopped after SIGTERM; exit status {STOPPED}", file=sys.stderr,
+                      flush=True)
+                return STOPPED
+            if 2 in codes and codes <= {2, STOPPED}:
+                # The trainer's bad-input exit (torchrun stops the other workers with SIGTERM): its one line
+                # is already on stderr, and torchrun's report would only bury it.
+                return 2
+            lost = None if 2 in codes else _store_lost(handlers)
+            if lost is None:
+                raise  # the trainer failed on this node: permanent
+            failed = ", ".join(f"rank {rank} {f.signal_name() if f.exitcode < 0 else f'exit {f.exitcode}'}"
+                               for rank, f in sorted(err.failures.items()))
+            return _lost_peer(f"the workers failed ({failed})", lost)
+        except Exception as err:
+            if not _store_error(err):
+                raise
+            return _lost_peer("torchrun failed", err)
     except SignalException as err:
         print(f"launch: stopped by {signal.Signals(err.sigval).name}; exit status {128 + err.sigval}",
               file=sys.stderr, flush=True)
         return 128 + err.sigval
-    except ChildFailedError as err:
-        codes = {STOPPED if f.exitcode == -signal.SIGTERM else f.exitcode for f in err.failures.values()}
-        if codes == {STOPPED}:
-            print(f"launch: every worker stopped after SIGTERM; exit status {STOPPED}", file=sys.stderr, flush=True)
-            return STOPPED
-        if 2 in codes and codes <= {2, STOPPED}:
-            # The trainer's bad-input exit (torchrun stops the other workers with SIGTERM): its one line
-            # is already on stderr, and torchrun's report would only bury it.
-            return 2
-        raise
     return 0
 
 
