@@ -4,29 +4,58 @@ One model serves the generator (which rejects runs that cannot fit and writes th
 checkpointing mode into each run's config) and the trainer (which resolves `auto` at start from the
 real device's memory), so both choose the same way. Pure Python, no torch.
 
-Per GPU, in bytes (P parameters, L layers, b batch per GPU, s sequence length, h hidden size,
-kv KV width, i intermediate size, V vocabulary, d = 2 for bf16 and fp8 or 4 for fp32, S the shard group):
-- resident state: P x (4 fp32 parameters + 8 AdamW moments, 4 in bf16) / S; with gradient
-  accumulation, plus the gradients held across micro-batches: 4 P unsharded fp32 when only the last
-  micro-batch reduces, else the sharded 4 P / S;
-- activations or gradients, whichever is larger: backward frees a layer's saved activations as it
-  produces that layer's gradients, so the two peaks do not add up. Gradients are 4 P / S. Saved
-  activations are the layer input b x s x h x d for a checkpointed layer and b x s x (6h + 2kv + 4i)
-  x d for a layer that keeps them (every layer with no checkpointing; all but every Nth with
-  selective; x 0.8 with fp8, whose linears save float8 inputs), plus one layer being recomputed;
-- gathered parameters: FULL_SHARD / HYBRID_SHARD two decoder layers (current and prefetched) plus
-  the root (embeddings, final norm, lm_head) in d bytes (decoder weights 1 byte with the fp8
-  all-gather); SHARD_GRAD_OP and NO_SHARD keep all P gathered; plus one layer's unsharded fp32
-  gradients;
-- the loss: chunked min(b x s, loss_chunk_size) rows of V fp32 logits and their gradient; full: b x s;
-- a fixed 4 GiB for the CUDA context, NCCL buffers, compile workspaces and fragmentation.
+The estimate is the peak of what PyTorch's caching allocator hands out (torch.cuda.max_memory_allocated,
+the `peak_allocated_gib` of benchmarks/results). What lies outside it (the allocator's cache, the CUDA
+context, NCCL's buffers) is the headroom `fits` adds (HEADROOM_GIB, FIT_FRACTION).
 
-Measured on one H200 (BENCHMARKS.md, Llama-2-7B, s 4096, b 2, compiled): peak allocated 110.4 GiB with
-no checkpointing (estimate 119.8), 102.4 GiB with selective (estimate 107.4) and 102.2 GiB with full
-(estimate 107.4), so the estimate errs on the safe side by 5-9%.
+Per GPU, in bytes: P parameters, L decoder layers, T = b x s tokens per micro-batch, h hidden size, kv
+KV width, i intermediate size, V vocabulary, d = 2 for bf16 and fp8 or 4 for fp32, S the shard group;
+the root (embeddings, final norm, lm_head) has R = 2Vh + h parameters, a decoder layer (P - R) / L.
+- Resident through the step: fp32 parameters and AdamW moments, P x (4 + 8) / S, P x (4 + 4) / S with
+  bf16 moments; with gradient accumulation, also the gradients held across micro-batches: 4 P
+  unsharded fp32 when only the last micro-batch reduces, else the sharded 4 P / S.
+- Saved activations of a decoder layer that keeps them, T x a x d, `a` counted from the tensors the
+  layer saves for backward (torch 2.11, transformers 5.17, torchao 0.17, sdpa attention):
+  compiled bf16, 6h + 2kv + 3i: the layer input, both norm outputs, q, k, v, the attention output and
+  its copy in o_proj's layout, gate, up and their SwiGLU product; compiled fp8, 4h + 2kv + 2i: the graph
+  keeps the layer input, the residual after attention, q, k, v, the attention output, gate and up, and
+  recomputes the float8 linears' inputs from them in backward; eager, 10h + 2kv + 4i: the norms keep
+  fp32 copies, SwiGLU also silu(gate) (torchao's eager float8 linears save their bf16 inputs, so fp8
+  saves as much). Eager attention adds its softmax probabilities, heads x s x (4 + d) per token. A
+  checkpointed layer keeps its input, T x h x d, and recomputes the rest in its backward; the final
+  norm keeps T x h x (4 + d).
+- Backward walks the layers from the last to the first, freeing a layer's activations as it adds its
+  gradients, so the peak is at one of three moments, each with the gathered root (R x d; decoder
+  weights are gathered in 1 byte with the fp8 all-gather):
+  1. the loss at the end of forward: every activation, the last layer still gathered (every layer with
+     SHARD_GRAD_OP and NO_SHARD, which keep them from forward to backward), and the loss's working set.
+     Chunked: one chunk's fp32 logits and their bf16 gradient, min(T, chunk) x V x (4 + d); the fp32
+     lm_head gradient it accumulates and the next chunk's part, 2 x 4 V h (one with one chunk); the
+     hidden states' gradient, T x h x d. Full: three T x V fp32 tensors in its backward (the saved
+     log-softmax, its gradient and the logits' gradient).
+  2. the start of backward: every activation, lm_head's unsharded gradient (V h d), two gathered layers
+     (current and prefetched; all of them with SHARD_GRAD_OP and NO_SHARD) and the layer's backward:
+     its unsharded gradients (layer x d), the previous layer's fp32 reduce-scatter input (layer x 4,
+     kept until the next reduce-scatter), its gradient temporaries T x (2h + 3i) x d and, for a
+     checkpointed layer, its recomputed activations.
+  3. the end of backward: the fp32 gradients of every layer but the first (4 / S each; with gradient
+     accumulation they are resident already) with the first layer's backward as in 2; or, once that is
+     done, every gradient and the root's reduce-scatter, which holds the root's unsharded gradients and
+     their fp32 copy: R x (4 + max(d, 4 / S)) besides the 4 P / S.
 
-`auto` picks the mode that recomputes least and still fits in FIT_FRACTION (90%) of the GPU's memory:
-none, then selective (every `selective_ac_every`th layer), then full.
+Against every trainer run measured on H200s (benchmarks/results/*.jsonl: Llama-2-7B, Llama-2-13B and
+Llama-3.1-8B, sequence 2048 to 16384, checkpointing none, selective and full, compiled and eager, bf16
+and fp8, FULL_SHARD, SHARD_GRAD_OP and HYBRID_SHARD on one and two GPUs) the estimate is within -1% and
++2% of the peak allocated, e.g. Llama-2-7B at 8,192 tokens on one H200: 110.9 against 110.4 GiB without
+checkpointing, 102.6 against 102.4 with selective and 102.6 against 102.2 with full. One run is under
+it by more: with the float8 all-gather a compiled layer also saves float8 copies of its MLP and output
+projection weights for backward (3hi + h^2 bytes, counted among the tensors it saves with torch's
+float8 matmul), 4.5 GiB for Llama-2-7B that the estimate leaves out (63.5 against 67.9 GiB on two
+H200s, -6.6%).
+
+`auto` picks the mode that recomputes least and still fits (`fits`: the estimate and HEADROOM_GIB, 8 GiB,
+within FIT_FRACTION, 90%, of the GPU's memory): none, then selective (every `selective_ac_every`th
+layer), then full.
 """
 from __future__ import annotations
 
@@ -36,70 +65,103 @@ from trainer.catalog import Architecture
 from trainer.config import TrainConfig
 
 GIB = 1024**3
-OVERHEAD_GIB = 4.0
-# Headroom for what the estimate does not see (allocator rounding, NCCL growth, compile buffers),
-# and for the allocator itself: near capacity it frees and retries, which costs more than the
-# recomputation saved. Measured on one H200 (BENCHMARKS.md): Llama-3.1-8B with selective checkpointing
-# (estimate 93% of the GPU) ran at 8,159 tokens/s with 138.5 GiB reserved, slower than full
-# checkpointing (8,596, 131.5 GiB reserved); Llama-2-7B with none (estimate 85%) was the fastest mode.
+# A run fits when its estimated peak plus HEADROOM_GIB stays within FIT_FRACTION of the GPU's memory.
+# HEADROOM_GIB is what a run holds beyond the peak the estimate counts: the allocator's cache above
+# its peak (reserved less allocated, smallest with full checkpointing: 3.8 GiB for Llama-2-7B and
+# 7.9 GiB for Llama-3.1-8B on one H200), the CUDA context and NCCL's buffers. FIT_FRACTION keeps the
+# rest free for the allocator: near capacity it frees and retries, which costs more than the
+# recomputation saved. Measured on one H200 (140.4 GiB, BENCHMARKS.md): Llama-3.1-8B with selective
+# checkpointing (peak 123.6 GiB, 138.5 GiB reserved) ran at 8,159 tokens/s, slower than full
+# checkpointing (8,596 at the same peak, 131.5 GiB reserved); Llama-2-7B without checkpointing
+# (110.4 GiB) was the fastest mode.
 FIT_FRACTION = 0.90
+HEADROOM_GIB = 8.0
 AUTO_ORDER = ("none", "selective", "full")
-# Saved activations of an fp8 layer against a bf16 one (measured saving about 25%; kept conservative).
-FP8_ACTIVATION_FACTOR = 0.8
+
+
+def _saved_per_token(arch: Architecture, cfg: TrainConfig) -> int:
+    """Elements a decoder layer that keeps its activations saves for backward, per token (see above)."""
+    h, i = arch.hidden_size, arch.intermediate_size
+    kv = arch.num_kv_heads * arch.head_dim
+    par = cfg.parallelism
+    if not par.compile:
+        return 10 * h + 2 * kv + 4 * i
+    if par.precision == "fp8":
+        return 4 * h + 2 * kv + 2 * i
+    return 6 * h + 2 * kv + 3 * i
 
 
 def estimate_peak_gib(arch: Architecture, cfg: TrainConfig, shard: int, ac_mode: str | None = None,
                       grad_sync: str | None = None) -> float:
-    """Estimated peak memory per GPU in GiB; `ac_mode` and `grad_sync` override the config's."""
-    P, L, h = arch.num_params, arch.num_layers, arch.hidden_size
-    kv = arch.num_kv_heads * arch.head_dim
+    """Estimated peak allocated memory per GPU in GiB; `ac_mode` and `grad_sync` override the config's."""
+    P, L, h, V = arch.num_params, arch.num_layers, arch.hidden_size, arch.vocab_size
     par, tr = cfg.parallelism, cfg.training
     mode = ac_mode or par.activation_checkpointing
     if mode == "auto":
         raise ValueError("resolve activation_checkpointing 'auto' before estimating")
-    # fp8 keeps bf16 parameters, activations and gathered weights (the float8 casts are transient);
-    # with the float8 all-gather the gathered decoder weights are 1 byte.
+    # fp8 keeps bf16 parameters, gathered weights and gradients (the float8 casts are transient); with
+    # the float8 all-gather the gathered decoder weights are 1 byte.
     d = 4 if par.precision == "fp32" else 2
-    resident = P * (4 + (4 if tr.bf16_optimizer_state else 8)) / shard
-    grads = P * 4 / shard
+    d_gathered = 1 if par.fp8_all_gather else d
+    S = shard
+    resident = P * (4 + (4 if tr.bf16_optimizer_state else 8)) / S
     # An unresolved grad_sync 'auto' counts as 'every'; resolve_auto decides it before the estimate.
-    if tr.grad_accum_steps > 1:
-        # Gradients of the earlier micro-batches live through the later ones' activations: unsharded
-        # fp32 of every parameter when only the last micro-batch reduces, else the sharded ones.
-        # Measured on two H200s (Llama-2-7B, 4 micro-batches): +25.1 GiB (= 4 P) and +12.6 GiB (= 4 P / 2).
-        resident += P * 4 if (grad_sync or par.grad_sync) == "last" else grads
+    # Gradients of the earlier micro-batches live through the later ones' activations: unsharded fp32
+    # of every parameter when only the last micro-batch reduces, else the sharded ones. Measured on two
+    # H200s (Llama-2-7B, 4 micro-batches): +25.1 GiB (= 4 P) and +12.6 GiB (= 4 P / 2).
+    accumulating = tr.grad_accum_steps > 1
+    if accumulating:
+        resident += P * 4 if (grad_sync or par.grad_sync) == "last" else P * 4 / S
+    # Sharded fp32 gradients that backward adds (already resident when accumulating).
+    grad_bytes = 0.0 if accumulating else 4 / S
+
     root = arch.num_embedding_params + h
     layer = (P - root) / L
-    d_layer = 1 if par.fp8_all_gather else d
-    if par.sharding_strategy in ("FULL_SHARD", "HYBRID_SHARD"):
-        gathered = 2 * layer * d_layer + root * d
-    else:
-        gathered = (P - root) * d_layer + root * d
-    gathered += layer * 4
+    lm_head = V * h
     tokens = tr.batch_size_per_gpu * cfg.data.seq_len
-    layer_in = tokens * h * d
-    layer_full = tokens * (6 * h + 2 * kv + 4 * arch.intermediate_size) * d
-    if par.precision == "fp8":
-        # torchao saves the float8 casts of the linear layers' inputs for backward instead of bf16
-        # copies. Measured on two H200s (BENCHMARKS.md): 9.3 GiB less than bf16 for Llama-2-7B and
-        # 11.0 GiB for Llama-3.1-8B without checkpointing, about a quarter of the activations.
-        layer_full *= FP8_ACTIVATION_FACTOR
-    if mode == "none":
-        acts = L * layer_full
-    elif mode == "full":
-        acts = L * layer_in + layer_full
+
+    # Saved activations.
+    kept = tokens * _saved_per_token(arch, cfg) * d
+    if cfg.model.attn_implementation == "eager":
+        kept += tokens * arch.num_heads * cfg.data.seq_len * (4 + d)
+    checkpointed = tokens * h * d
+    n_checkpointed = {"none": 0, "full": L}.get(mode, L // par.selective_ac_every)
+    acts = n_checkpointed * checkpointed + (L - n_checkpointed) * kept + tokens * h * (4 + d)
+    # Backward starts with the last layer, recomputing it first where it is checkpointed.
+    top_recomputed = kept if mode == "full" or (mode == "selective" and L % par.selective_ac_every == 0) else 0
+
+    # Gathered weights: FULL_SHARD / HYBRID_SHARD reshard each layer after forward and after backward;
+    # SHARD_GRAD_OP and NO_SHARD keep every layer gathered from its forward to its backward.
+    reshard = par.sharding_strategy in ("FULL_SHARD", "HYBRID_SHARD")
+    all_layers = (P - root) * d_gathered
+    root_gathered = root * d
+
+    # 1. The loss, at the end of forward.
+    if tr.loss_impl == "chunked":
+        rows = min(tokens, tr.loss_chunk_size)
+        loss = rows * V * (4 + d) + lm_head * 4 * (2 if tokens > rows else 1) + tokens * h * d
     else:
-        checkpointed = L // par.selective_ac_every
-        acts = checkpointed * layer_in + (L - checkpointed) * layer_full + layer_full
-    rows = min(tokens, tr.loss_chunk_size) if tr.loss_impl == "chunked" else tokens
-    loss = rows * arch.vocab_size * 4 * 2
-    return (resident + max(acts, grads) + gathered + loss) / GIB + OVERHEAD_GIB
+        loss = tokens * V * 4 * 3
+    loss_end = acts + root_gathered + (layer * d_gathered if reshard else all_layers) + loss
+
+    # 2. The start of backward, in the last layer.
+    layer_backward = layer * d + layer * 4 + tokens * (2 * h + 3 * arch.intermediate_size) * d
+    backward_start = (acts + root_gathered + lm_head * d + (2 * layer * d_gathered if reshard else all_layers)
+                      + layer_backward + top_recomputed)
+
+    # 3. The end of backward: the first layer's backward, then the root's reduce-scatter.
+    first_layer = ((P - root - layer) * grad_bytes + root_gathered + lm_head * d + layer * d_gathered
+                   + layer_backward + kept)
+    root_reduce = (P - root) * grad_bytes + root * (4 + max(d, 4 / S))
+    backward_end = max(first_layer, root_reduce)
+
+    return (resident + max(loss_end, backward_start, backward_end)) / GIB
 
 
 def fits(estimate_gib: float, gpu_memory_gib: float) -> bool:
-    """Whether an estimate leaves the headroom FIT_FRACTION asks for (the one bound `auto` and the
-    generator's rejection share)."""
-    return estimate_gib <= FIT_FRACTION * gpu_memory_gib
+    """Whether an estimate leaves the headroom HEADROOM_GIB and FIT_FRACTION ask for (the one bound
+    `auto` and the generator's rejection share)."""
+    return estimate_gib + HEADROOM_GIB <= FIT_FRACTION * gpu_memory_gib
 
 
 def choose_activation_checkpointing(arch: Architecture, cfg: TrainConfig, shard: int, gpu_memory_gib: float,
