@@ -61,7 +61,7 @@ def test_llama2_70b_on_one_node_is_refused_with_its_reason_and_the_cheapest_fix(
     assert len(refused) == 2  # one per cluster
     for line in refused:
         assert re.search(r"needs about 1\d\d GiB per GPU with FULL_SHARD over 8 GPUs", line), line
-        assert "80 GiB (90% usable)" in line
+        assert "80 GiB (64 usable: 90% less 8 GiB of headroom)" in line
         # The fewest nodes that fit: 24 GPUs share the state to about 63 GiB each.
         assert re.search(r"Cheapest fix: nodes: 3 \(about 63 GiB per GPU, \$[\d,]+\)\.$", line), line
     assert "2 runs cannot fit" in result.stderr

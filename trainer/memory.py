@@ -158,10 +158,21 @@ def estimate_peak_gib(arch: Architecture, cfg: TrainConfig, shard: int, ac_mode:
     return (resident + max(loss_end, backward_start, backward_end)) / GIB
 
 
+def usable_gib(gpu_memory_gib: float) -> float:
+    """The part of a GPU's memory an estimate may fill: FIT_FRACTION of it less HEADROOM_GIB."""
+    return FIT_FRACTION * gpu_memory_gib - HEADROOM_GIB
+
+
+def usable_text(gpu_memory_gib: float) -> str:
+    """How refusals name the bound, e.g. "80 GiB (64 usable: 90% less 8 GiB of headroom)"."""
+    return (f"{gpu_memory_gib:g} GiB ({usable_gib(gpu_memory_gib):.0f} usable: {FIT_FRACTION:.0%} less "
+            f"{HEADROOM_GIB:g} GiB of headroom)")
+
+
 def fits(estimate_gib: float, gpu_memory_gib: float) -> bool:
     """Whether an estimate leaves the headroom HEADROOM_GIB and FIT_FRACTION ask for (the one bound
     `auto` and the generator's rejection share)."""
-    return estimate_gib + HEADROOM_GIB <= FIT_FRACTION * gpu_memory_gib
+    return estimate_gib <= usable_gib(gpu_memory_gib)
 
 
 def choose_activation_checkpointing(arch: Architecture, cfg: TrainConfig, shard: int, gpu_memory_gib: float,

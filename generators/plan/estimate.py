@@ -39,7 +39,7 @@ from generators.plan.speed import (NETWORK_EFFICIENCY, NVLINK_EFFICIENCY, Speed,
                                    steps_per_epoch)
 from trainer.catalog import INSTANCE_TYPES, MODELS, Architecture, InstanceType
 from trainer.config import ConfigError, TrainConfig, check_topology, to_dict
-from trainer.memory import FIT_FRACTION, estimate_peak_gib, fits, resolve_auto
+from trainer.memory import FIT_FRACTION, HEADROOM_GIB, estimate_peak_gib, fits, resolve_auto, usable_text
 
 GIB = 1024**3
 RANK_HOST_BASE_GIB = 4.0
@@ -206,7 +206,7 @@ def _reason(model: str, f: Figures, instance: InstanceType) -> str:
         checkpointing = "no activation checkpointing" if mode == "none" else f"{mode} activation checkpointing"
         return (f"{model} needs about {f.gpu_gib:.0f} GiB per GPU with {par.sharding_strategy} over {f.shard} GPUs "
                 f"and {checkpointing}, but {instance.name} GPUs have "
-                f"{instance.gpu_memory_gib} GiB ({FIT_FRACTION:.0%} usable)")
+                f"{usable_text(instance.gpu_memory_gib)}")
     return (f"loading needs about {f.host_gib:.0f} GiB of host memory per node, more than "
             f"{HOST_FIT_FRACTION:.0%} of the {f.host_capacity_gib} GiB of {instance.name}")
 
@@ -389,7 +389,7 @@ def totals(runs: Sequence[RunEstimate]) -> list[tuple[str, int, float, float, bo
 def plan_markdown(est: MatrixEstimate) -> str:
     lines = [f"### Plan: {est.matrix_file}, {len(est.runs)} runs", "",
              "Predicted before anything runs: GPU memory by trainer/memory.py (the bound `auto` uses is "
-             f"{FIT_FRACTION:.0%} of the GPU), speed by generators/plan/speed.py, cost at On-Demand prices "
+             f"{FIT_FRACTION:.0%} of the GPU less {HEADROOM_GIB:g} GiB of headroom), speed by generators/plan/speed.py, cost at On-Demand prices "
              "(generators/plan/prices.yaml). Hours count training steps only.", "",
              table(PLAN_HEADER, plan_rows(est.runs)), "",
              table(("cluster", "runs", "GPU-hours", "cost, USD"),
