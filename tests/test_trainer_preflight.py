@@ -19,9 +19,17 @@ LOGS = Path(__file__).resolve().parent / "data" / "nccl"
     ("efa-p5.log", "efa"),                  # aws-ofi-nccl: NET/OFI, Libfabric channels between nodes
     ("socket-fallback.log", "socket"),      # no plugin, no InfiniBand: TCP between nodes
     ("nvlink-h200x2.log", "nvlink"),        # recorded on two H200s of one host: P2P only
+    ("socket-h200x1-recorded.log", "socket"),  # recorded on one H200 with NCCL_NET=Socket: no channels
 ])
 def test_detect_transport_from_nccl_logs(name, transport):
     assert detect_transport((LOGS / name).read_text()) == transport
+
+
+def test_the_recorded_socket_log_fails_a_run_that_expects_efa():
+    # What trainer.preflight printed for that capture (its JSON line): failed on the transport.
+    log = (LOGS / "socket-h200x1-recorded.log").read_text()
+    passed, reason = judge(detect_transport(log), "efa", 500.0, 100.0)
+    assert not passed and reason.startswith("transport socket, expected efa")
 
 
 def test_detect_transport_without_channel_lines_and_unknown():
