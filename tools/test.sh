@@ -14,7 +14,9 @@ export FSDP_GITOPS_CRD_SCHEMAS="${FSDP_GITOPS_CRD_SCHEMAS:-$("$python" -m tools.
 "$python" generators/expand.py matrix.yaml --check
 "$python" generators/validate.py --crd-schemas "$FSDP_GITOPS_CRD_SCHEMAS"
 status=0
-"$python" -m pytest -q "$@" || status=$?
+# Spread over the CPUs (FSDP_TEST_WORKERS=0 runs in one process): whole modules per worker, and each
+# cluster control plane's tests on one worker (tests/conftest.py).
+"$python" -m pytest -q -n "${FSDP_TEST_WORKERS:-auto}" "$@" || status=$?
 if [ "$status" -eq 5 ]; then
   echo "pytest collected no tests: that is a failure of this suite" >&2
   exit 1

@@ -1,8 +1,9 @@
 """The real cluster parts for the tests under tests/cluster/ (tools/cluster/harness.py).
 
 One control plane with the Training Operator and kwok serves levels 1 and 2; level 3 starts its own
-with the Flux controllers. The session ends by checking that no process the harness started and no
-port it handed out outlives it.
+with the Flux controllers, one per cluster of matrix.yaml. The session ends by checking that no
+process the harness started and no port it handed out outlives it.
+Under pytest-xdist each control plane's tests run on one worker (tests/conftest.py).
 """
 from __future__ import annotations
 

@@ -3,7 +3,9 @@ Kustomization and HelmRelease is Ready; a pull-request-like commit (one run adde
 regenerated with expand.py) creates and prunes PyTorchJobs; a broken commit leaves the cluster on
 the last good revision with the Kustomization reporting the API server's error.
 
-Each cluster of matrix.yaml gets its own control plane (the clusters' Flux objects share names).
+Each cluster of matrix.yaml gets its own control plane (the clusters' Flux objects share names) and
+is reconciled until Ready; the pull-request and broken commits, which exercise the same generated
+Flux graph whatever the cluster, run on the first cluster only.
 Sources are loopback copies (tools/cluster/gitops.py): the repository, the operator's manifests,
 stub Helm charts under the pinned names and versions, Secrets encrypted for a test age key.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections import Counter
 from typing import Any, Iterator
 
 import pytest
@@ -65,9 +68,46 @@ def start(name: str) -> Iterator[Flux]:
         cluster.stop()
 
 
-@pytest.fixture(scope="module", params=CLUSTERS)
-def flux(request: pytest.FixtureRequest) -> Iterator[Flux]:
-    yield from start(request.param)
+class Environments:
+    """One Flux environment per cluster, started by its first test and stopped after its last one
+    (counted over the collected tests), whatever order the tests run in: under pytest-xdist a
+    parametrized module fixture could be torn down and started again between two tests of one cluster."""
+
+    def __init__(self, items: list[pytest.Item]):
+        self.left = Counter(i.callspec.params["flux"] for i in items
+                            if hasattr(i, "callspec") and "flux" in i.callspec.params)
+        self.open: dict[str, tuple[Iterator[Flux], Flux]] = {}
+
+    def get(self, name: str) -> Flux:
+        if name not in self.open:
+            env = start(name)
+            self.open[name] = (env, next(env))
+        return self.open[name][1]
+
+    def done(self, name: str) -> None:
+        self.left[name] -= 1
+        if self.left[name] <= 0:
+            self.stop(name)
+
+    def stop(self, name: str) -> None:
+        if name in self.open:
+            self.open.pop(name)[0].close()  # runs start()'s finally: the control plane stops
+
+
+@pytest.fixture(scope="session")
+def environments(request: pytest.FixtureRequest) -> Iterator[Environments]:
+    envs = Environments(request.session.items)
+    try:
+        yield envs
+    finally:
+        for name in list(envs.open):
+            envs.stop(name)
+
+
+@pytest.fixture(params=CLUSTERS)
+def flux(request: pytest.FixtureRequest, environments: Environments) -> Iterator[Flux]:
+    yield environments.get(request.param)
+    environments.done(request.param)
 
 
 def test_flux_reconciles_the_cluster_until_everything_is_ready(flux: Flux) -> None:
@@ -88,6 +128,7 @@ def _expand(flux: Flux) -> None:
     flux.clone.localize()
 
 
+@pytest.mark.parametrize("flux", CLUSTERS[:1], indirect=True)
 def test_pull_request_adds_one_run_and_prunes_another(flux: Flux) -> None:
     before = flux.runs()
     matrix = yaml.safe_load((flux.clone.repo / "matrix.yaml").read_text())
@@ -105,9 +146,15 @@ def test_pull_request_adds_one_run_and_prunes_another(flux: Flux) -> None:
     assert flux.kustomization("flux-system")["status"]["lastAppliedRevision"].endswith(revision)
 
 
+@pytest.mark.parametrize("flux", CLUSTERS[:1], indirect=True)
 def test_broken_commit_keeps_the_last_good_revision_and_reports_the_error(flux: Flux) -> None:
     run = sorted(flux.runs())[0]
-    good = flux.kustomization(f"run-{run}")["status"]["lastAppliedRevision"]
+    # The last good revision is the clone's head: wait until this run's Kustomization applied it
+    # (after the previous commit it may still be on the one before).
+    head = flux.clone.git("rev-parse", "HEAD").strip()
+    good = flux.cluster.wait_for(
+        lambda: (r := flux.kustomization(f"run-{run}").get("status", {}).get("lastAppliedRevision", "")).endswith(head)
+        and r, 300, f"run-{run} applies the last good revision {head}")
     jobs = flux.jobs()
     patch = flux.clone.repo / "overlays" / "runs" / flux.name / run / "pytorchjob.run.yaml"
     patch.write_text(patch.read_text() + "- op: add\n  path: /spec/nprocPerNodeX\n  value: \"8\"\n")

@@ -1,0 +1,38 @@
+"""Suite-wide: how pytest-xdist (`-n auto`, as tools/test.sh runs the suite) shares the tests out.
+
+Each test module goes to one worker as a whole, so that its expensive module fixtures (trained tiny
+models, started servers) are set up once. Under tests/cluster/ the units follow the control planes
+instead: levels 1 and 2 share one ("cluster"), and each level-3 cluster of matrix.yaml has its own
+("flux-<cluster>", from the test's parameter), so each starts once, on one worker.
+
+(xdist's own `--dist loadgroup` renames node ids to carry the group, which pytest 9 no longer allows,
+so the grouping is a scheduler here.)
+"""
+from __future__ import annotations
+
+import re
+
+try:
+    from xdist.scheduler import LoadScopeScheduling
+except ImportError:  # plain pytest: nothing to share out
+    LoadScopeScheduling = None
+
+
+def unit_of(nodeid: str) -> str:
+    """The unit of work a test belongs to: its module, or its control plane under tests/cluster/."""
+    path = nodeid.split("::", 1)[0]
+    if path.startswith("tests/cluster/"):
+        if path.endswith("test_cluster_flux.py"):
+            param = re.search(r"\[([^\]]+)\]$", nodeid)
+            return f"flux-{param.group(1)}" if param else "flux"
+        return "cluster"
+    return path
+
+
+if LoadScopeScheduling is not None:
+    class _ByUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+    def pytest_xdist_make_scheduler(config, log):
+        return _ByUnit(config, log)
