@@ -23,7 +23,7 @@ from typing import Sequence
 import pytest
 
 from trainer.launch import LOST_PEER
-from trainer_support import (LAUNCH_TIMEOUT_S, REPO_ROOT, TINY, finish, free_port, read_metrics, trainer_env,
+from trainer_support import (kill_processes_under, LAUNCH_TIMEOUT_S, REPO_ROOT, TINY, finish, free_port, read_metrics, trainer_env,
                              worker_pids)
 
 HOST = "fsdp-late-worker-0"
@@ -112,6 +112,13 @@ def test_sigterm_while_waiting_exits_143(tmp_path):
 # --- a lost peer: worker 0's node goes away (restartable) vs. a bug in the trainer (permanent) -------
 
 CRASH = REPO_ROOT / "tests" / "trainer_crash.py"
+
+
+@pytest.fixture(autouse=True)
+def no_node_outlives_its_test(tmp_path):
+    """Whatever a test ends with (a failed assertion included), its agents and trainer processes go."""
+    yield
+    kill_processes_under(tmp_path)
 
 
 def c10d_node(out: Path, name: str, port: int, is_host: bool, torchrun_args: Sequence[str] = (),

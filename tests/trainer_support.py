@@ -121,3 +121,25 @@ def kill_rank_after_checkpoint(proc: subprocess.Popen, ckpt_dir: Path, step: int
     pids = worker_pids(proc.pid)
     assert rank in pids, f"worker of rank {rank} not found among {pids}"
     os.kill(pids[rank], signal.SIGKILL)
+
+
+def kill_processes_under(folder: Path) -> list[int]:
+    """SIGKILL every process whose command line names `folder` (a test's tmp_path): the launch agents
+    and the trainer processes they started in sessions of their own, also after an agent died and
+    its workers were left to init. Returns the pids killed."""
+    killed = []
+    needle = str(folder).encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if needle in cmdline:
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+                killed.append(int(entry))
+            except ProcessLookupError:
+                pass
+    return killed
