@@ -23,8 +23,8 @@ from typing import Sequence
 import pytest
 
 from trainer.launch import LOST_PEER
-from trainer_support import (kill_processes_under, LAUNCH_TIMEOUT_S, REPO_ROOT, TINY, finish, free_port, read_metrics, trainer_env,
-                             worker_pids)
+from trainer_support import (LAUNCH_TIMEOUT_S, REPO_ROOT, TINY, finish, free_port, kill_processes_under, read_metrics,
+                             trainer_env, worker_pids)
 
 HOST = "fsdp-late-worker-0"
 BIND_HOSTS = 'mount --bind "$HOSTS" /etc/hosts || exit 99; exec "$@"'

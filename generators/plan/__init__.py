@@ -55,7 +55,7 @@ from generators.matrix.load import Matrix
 from generators.matrix.schema import RUN_FIELDS, Cluster, GitSource, RdzvBackend, Run
 from trainer.catalog import INSTANCE_TYPES, MODELS, efa_for
 from trainer.config import ConfigError, TrainConfig, check_topology, from_dict, to_dict
-from trainer.memory import FIT_FRACTION, estimate_peak_gib, fits, resolve_auto, usable_text
+from trainer.memory import estimate_peak_gib, fits, resolve_auto, usable_text
 
 NAME_MAX = 50
 HASH_LEN = 6
