@@ -51,3 +51,34 @@ def test_stop_ends_the_whole_process_group(tmp_path: Path) -> None:
         time.sleep(0.1)
     assert proc.pid not in {p.pid for p in processes.running()}
     assert os.getpgid(os.getpid()) != proc.pid
+
+
+def test_private_tmp_reaches_a_cache_folder_under_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The operator runs with a /tmp of its own and its certificate folder bind-mounted from the work
+    # folder; with the cache folder under /tmp (FSDP_GITOPS_CACHE=/tmp/...) its binary, kubeconfig and
+    # certificates must stay reachable at their own paths, and nothing else of the host's /tmp.
+    from tools.cluster.harness import Cluster
+
+    assert str(tmp_path).startswith("/tmp/")
+    monkeypatch.setenv("FSDP_GITOPS_CACHE", str(tmp_path / "cache"))
+    cluster = Cluster(tmp_path / "cache" / "run" / "cluster-1")
+    cluster.work.mkdir(parents=True)
+    (cluster.work / "hosts").write_text("127.0.0.1 localhost\n")
+    (cluster.work / "kubeconfig").write_text("kubeconfig\n")
+    certs = cluster.work / "certs"
+    certs.mkdir()
+    (certs / "tls.crt").write_text("certificate\n")
+    probe = tmp_path / "cache" / "bin" / "probe"
+    probe.parent.mkdir()
+    probe.write_text(f"#!/bin/sh\ncat /tmp/k8s/certs/tls.crt {cluster.work / 'kubeconfig'}; ls -A /tmp\n"
+                     f"test ! -e {tmp_path / 'outside'}\necho written > /tmp/k8s/certs/back\n")
+    probe.chmod(0o755)
+    (tmp_path / "outside").write_text("the host's /tmp\n")
+    try:
+        proc = cluster._start("probe", [str(probe)], private_ns=True, mounts=[(certs, "/tmp/k8s/certs")],
+                              private_tmp=True)
+        assert proc.popen.wait(timeout=30) == 0, proc.tail()
+        assert proc.log.read_text().splitlines() == ["certificate", "kubeconfig", "k8s", tmp_path.parts[2]]
+        assert (certs / "back").read_text() == "written\n"  # writes land in the work folder
+    finally:
+        cluster.stop()

