@@ -133,16 +133,16 @@ class Cluster:
         name resolves to 127.0.0.1 (see the module docstring)."""
         if private_ns:
             script = ["set -e", f"mount --bind {self.work / 'hosts'} /etc/hosts"]
+            binds = [(str(src), dst) for src, dst in mounts]
             if private_tmp:
                 # The new /tmp is built at a stage folder and then moved over /tmp, so a bind source that
-                # itself lies under /tmp (a cache folder there) is still reachable when it is mounted.
+                # itself lies under /tmp (a cache folder there) is still reachable when it is mounted;
+                # the cache and work folders (binaries, kubeconfig, logs) keep their own paths.
                 stage = self.work / f"{name}-tmp"
                 stage.mkdir(exist_ok=True)
                 script.append(f"mount -t tmpfs tmpfs {stage}")
-                for keep in under_tmp([build.cache_root(), self.work]):  # binaries, kubeconfig, logs
-                    script += [f"mkdir -p {stage / keep.relative_to('/tmp')}",
-                               f"mount --bind {keep} {stage / keep.relative_to('/tmp')}"]
-            for src, dst in mounts:
+                binds = [(str(keep), str(keep)) for keep in under_tmp([build.cache_root(), self.work])] + binds
+            for src, dst in binds:
                 if private_tmp:
                     if not dst.startswith("/tmp/"):
                         raise ValueError(f"{dst}: with private_tmp, mounts go under /tmp")
