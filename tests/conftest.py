@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 try:
     from xdist.scheduler import LoadScopeScheduling
 except ImportError:  # plain pytest: nothing to share out
@@ -34,5 +36,6 @@ if LoadScopeScheduling is not None:
         def _split_scope(self, nodeid: str) -> str:
             return unit_of(nodeid)
 
+    @pytest.hookimpl(optionalhook=True)  # `-p no:xdist` leaves the hook without a spec
     def pytest_xdist_make_scheduler(config, log):
         return _ByUnit(config, log)
