@@ -8,6 +8,7 @@ plain torch.optim.AdamW, the model's own loss (full logits). Synthetic packed to
     torchrun --nproc_per_node=1 benchmarks/baseline_fsdp1.py --model llama2-7b --seq-len 4096 \
         --batch-size 2 --json /tmp/bench.jsonl
 """
+
 from __future__ import annotations
 
 import functools
@@ -34,7 +35,10 @@ from trainer.catalog import MODELS, peak_flops_for  # noqa: E402
 def main(model_name: str, seq_len: int, batch_size: int, warmup: int, steps: int, json_path: str | None) -> None:
     """Time the FSDP1 llama-recipes-style reference on synthetic tokens."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        CheckpointImpl, apply_activation_checkpointing, checkpoint_wrapper)
+        CheckpointImpl,
+        apply_activation_checkpointing,
+        checkpoint_wrapper,
+    )
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
@@ -49,14 +53,20 @@ def main(model_name: str, seq_len: int, batch_size: int, warmup: int, steps: int
     with torch.device("cuda"):
         model = LlamaForCausalLM(LlamaConfig(**arch.hf_config(), attn_implementation="sdpa"))
     bf16 = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16, buffer_dtype=torch.bfloat16)
-    model = FSDP(model,
-                 auto_wrap_policy=functools.partial(transformer_auto_wrap_policy,
-                                                    transformer_layer_cls={LlamaDecoderLayer}),
-                 mixed_precision=bf16, sharding_strategy=ShardingStrategy.FULL_SHARD,
-                 device_id=torch.cuda.current_device(), limit_all_gathers=True, use_orig_params=False)
+    model = FSDP(
+        model,
+        auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={LlamaDecoderLayer}),
+        mixed_precision=bf16,
+        sharding_strategy=ShardingStrategy.FULL_SHARD,
+        device_id=torch.cuda.current_device(),
+        limit_all_gathers=True,
+        use_orig_params=False,
+    )
     apply_activation_checkpointing(
-        model, checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
-        check_fn=lambda m: isinstance(m, LlamaDecoderLayer))
+        model,
+        checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
+        check_fn=lambda m: isinstance(m, LlamaDecoderLayer),
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
     gen = torch.Generator(device="cuda").manual_seed(1 + dist.get_rank())
 
@@ -70,11 +80,23 @@ def main(model_name: str, seq_len: int, batch_size: int, warmup: int, steps: int
 
     times = time_steps(step, warmup, steps)
     result = summarise(
-        name="baseline-fsdp1", step_times=times, tokens_per_step_per_gpu=batch_size * seq_len,
-        flops_per_token=arch.flops_per_token(seq_len), peak_flops=peak_flops_for(torch.cuda.get_device_name()),
-        config={"model": model_name, "seq_len": seq_len, "batch_size_per_gpu": batch_size,
-                "sharding": "FSDP1 FULL_SHARD", "activation_checkpointing": "full", "compile": False,
-                "precision": "bf16 params/reduce/buffers", "optimizer": "AdamW (for-each)", "loss": "full logits"})
+        name="baseline-fsdp1",
+        step_times=times,
+        tokens_per_step_per_gpu=batch_size * seq_len,
+        flops_per_token=arch.flops_per_token(seq_len),
+        peak_flops=peak_flops_for(torch.cuda.get_device_name()),
+        config={
+            "model": model_name,
+            "seq_len": seq_len,
+            "batch_size_per_gpu": batch_size,
+            "sharding": "FSDP1 FULL_SHARD",
+            "activation_checkpointing": "full",
+            "compile": False,
+            "precision": "bf16 params/reduce/buffers",
+            "optimizer": "AdamW (for-each)",
+            "loss": "full logits",
+        },
+    )
     emit(result, json_path)
     dist.destroy_process_group()
 

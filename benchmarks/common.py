@@ -4,6 +4,7 @@ A benchmark drops its warm-up (and compile) steps, times every later optimizer s
 synchronisation on each side, and reports the median. Figures are printed as a table and written as
 one JSON object (--json) so that suite.py and generators/report.py can put runs side by side.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,7 +14,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -21,14 +22,25 @@ import torch
 def versions() -> dict:
     import transformers
 
-    out = {"torch": torch.__version__, "transformers": transformers.__version__,
-           "cuda": torch.version.cuda or "none", "python": sys.version.split()[0]}
+    out = {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cuda": torch.version.cuda or "none",
+        "python": sys.version.split()[0],
+    }
     if torch.cuda.is_available():
         out["gpu"] = torch.cuda.get_device_name()
         try:
-            out["driver"] = subprocess.run(
-                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                capture_output=True, text=True, check=True).stdout.split("\n")[0].strip()
+            out["driver"] = (
+                subprocess.run(
+                    ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
+                .stdout.split("\n")[0]
+                .strip()
+            )
         except (OSError, subprocess.CalledProcessError):
             out["driver"] = "unknown"
     return out
@@ -99,13 +111,23 @@ def breakdown_from_kernels(kernels: list[tuple[str, float, float]], wall: float,
     (NCCL kernels), communication exposed (NCCL time with no compute kernel running), idle (no kernel)."""
     comm = _union([(s, e) for n, s, e in kernels if "nccl" in n.lower()])
     compute = _union([(s, e) for n, s, e in kernels if "nccl" not in n.lower()])
-    optim = _union([(s, e) for n, s, e in kernels if "nccl" not in n.lower()
-                    and any(k in n.lower() for k in ("adam", "multi_tensor", "foreach"))])
+    optim = _union(
+        [
+            (s, e)
+            for n, s, e in kernels
+            if "nccl" not in n.lower() and any(k in n.lower() for k in ("adam", "multi_tensor", "foreach"))
+        ]
+    )
     busy = _length(_union(comm + compute))
     ms = lambda us: us / 1000 / num_steps  # noqa: E731
-    return {"step": ms(wall), "compute": ms(_length(compute)), "optimizer": ms(_length(optim)),
-            "communication": ms(_length(comm)), "communication_exposed": ms(_length(comm) - _overlap(comm, compute)),
-            "idle": ms(wall - busy)}
+    return {
+        "step": ms(wall),
+        "compute": ms(_length(compute)),
+        "optimizer": ms(_length(optim)),
+        "communication": ms(_length(comm)),
+        "communication_exposed": ms(_length(comm) - _overlap(comm, compute)),
+        "idle": ms(wall - busy),
+    }
 
 
 def profile_breakdown(step: Callable[[int], None], num_steps: int) -> dict:
@@ -119,13 +141,23 @@ def profile_breakdown(step: Callable[[int], None], num_steps: int) -> dict:
             step(10_000 + i)
         torch.cuda.synchronize()
         wall = (time.perf_counter() - t0) * 1e6
-    kernels = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
-               if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels = [
+        (e.name, e.time_range.start, e.time_range.end)
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA
+    ]
     return breakdown_from_kernels(kernels, wall, num_steps)
 
 
-def summarise(*, name: str, config: dict, step_times: list[float], tokens_per_step_per_gpu: int,
-              flops_per_token: float, peak_flops: float) -> dict:
+def summarise(
+    *,
+    name: str,
+    config: dict,
+    step_times: list[float],
+    tokens_per_step_per_gpu: int,
+    flops_per_token: float,
+    peak_flops: float,
+) -> dict:
     median = statistics.median(step_times)
     tps_gpu = tokens_per_step_per_gpu / median
     result = {
@@ -157,14 +189,18 @@ def emit(result: dict, json_path: str | None) -> None:
     for key, value in result["config"].items():
         print(f"  {key:<36} {value}")
     print(f"  {'world size':<36} {result['world_size']}")
-    print(f"  {'median step time (s)':<36} {result['median_step_time_s']:.4f} "
-          f"(min {result['min_step_time_s']:.4f}, max {result['max_step_time_s']:.4f}, "
-          f"{result['measured_steps']} steps)")
+    print(
+        f"  {'median step time (s)':<36} {result['median_step_time_s']:.4f} "
+        f"(min {result['min_step_time_s']:.4f}, max {result['max_step_time_s']:.4f}, "
+        f"{result['measured_steps']} steps)"
+    )
     print(f"  {'tokens/s per GPU':<36} {result['tokens_per_s_per_gpu']:,.0f}")
     print(f"  {'MFU':<36} {100 * result['mfu']:.1f}%")
     if "peak_allocated_gib" in result:
-        print(f"  {'peak allocated / reserved':<36} {result['peak_allocated_gib']:.1f} / "
-              f"{result['peak_reserved_gib']:.1f} GiB")
+        print(
+            f"  {'peak allocated / reserved':<36} {result['peak_allocated_gib']:.1f} / "
+            f"{result['peak_reserved_gib']:.1f} GiB"
+        )
     print(f"  {'versions':<36} {json.dumps(result['versions'], sort_keys=True)}")
     print(f"  {'command':<36} {result['command']}", flush=True)
     if json_path:

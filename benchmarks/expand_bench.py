@@ -13,6 +13,7 @@ which other load on the machine disturbs less than wall time. The matrix varies 
 every run has its own trainer config (no validation is shared between runs): the slow case.
 Target: 1,000 runs in under 2 s on 2 cores.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -82,8 +83,12 @@ def summary(samples: list[tuple[float, float, int]]) -> str:
 def describe_environment(out_root: Path) -> list[str]:
     fs = subprocess.run(["df", "-T", str(out_root)], capture_output=True, text=True, check=False).stdout.split("\n")
     fs_type = fs[1].split()[1] if len(fs) > 1 and fs[1].split() else "unknown"
-    commit = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True, check=False).stdout.strip() or "unknown"
+    commit = (
+        subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+        or "unknown"
+    )
     return [
         f"date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
         f"commit: {commit}",

@@ -14,6 +14,7 @@
    DIR/loss.svg (both curves; the project's chart code, generators/results/svgchart.py) and
    DIR/parity.json.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,24 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests", "data"))
 
-MOODS = ("calm", "busy", "tired", "cheerful", "grumpy", "excited", "relaxed", "nervous", "curious", "bored",
-         "hopeful", "sleepy", "proud", "worried", "playful", "serious")
+MOODS = (
+    "calm",
+    "busy",
+    "tired",
+    "cheerful",
+    "grumpy",
+    "excited",
+    "relaxed",
+    "nervous",
+    "curious",
+    "bored",
+    "hopeful",
+    "sleepy",
+    "proud",
+    "worried",
+    "playful",
+    "serious",
+)
 TAIL = 20  # final loss: mean over the last TAIL steps (one step's loss is noisy)
 
 
@@ -53,17 +70,28 @@ def make_data(out: str, examples: int, vocab: int) -> tuple[str, str]:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<pad>", "<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab, special_tokens=["<pad>", "<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator((f"{r['dialogue']}\n{r['summary']}" for r in records), trainer=trainer)
     tok_dir = os.path.join(out, "tokenizer")
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                            pad_token="<pad>").save_pretrained(tok_dir)
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>").save_pretrained(
+        tok_dir
+    )
     return data, tok_dir
 
 
-def worker(precision: str, model_name: str, data: str, tok_dir: str, seq_len: int, batch: int, steps: int,
-           lr: float, out_path: str) -> None:
+def worker(
+    precision: str,
+    model_name: str,
+    data: str,
+    tok_dir: str,
+    seq_len: int,
+    batch: int,
+    steps: int,
+    lr: float,
+    out_path: str,
+) -> None:
     """One training run under torchrun (one rank): the trainer's code path, losses to out_path."""
     import time
 
@@ -76,11 +104,20 @@ def worker(precision: str, model_name: str, data: str, tok_dir: str, seq_len: in
     from trainer.parallelize import init_distributed
     from trainer.train import DistEnv
 
-    cfg = from_dict({"model": {"name": model_name},
-                     "data": {"path": data, "format": "samsum", "seq_len": seq_len, "packing": True},
-                     "training": {"batch_size_per_gpu": batch, "max_steps": steps, "lr": lr,
-                                  "warmup_steps": steps // 10, "seed": 0},
-                     "parallelism": {"precision": precision}})
+    cfg = from_dict(
+        {
+            "model": {"name": model_name},
+            "data": {"path": data, "format": "samsum", "seq_len": seq_len, "packing": True},
+            "training": {
+                "batch_size_per_gpu": batch,
+                "max_steps": steps,
+                "lr": lr,
+                "warmup_steps": steps // 10,
+                "seed": 0,
+            },
+            "parallelism": {"precision": precision},
+        }
+    )
     env = DistEnv.from_environ()
     device = init_distributed(env.local_rank)
     torch.manual_seed(0)
@@ -96,9 +133,19 @@ def worker(precision: str, model_name: str, data: str, tok_dir: str, seq_len: in
             batches = [dataset.batch(sampler.next_rows()).to(device)]
             result = train_step(model, optimizer, batches, cfg.training, env.world_size, cfg.parallelism.grad_sync)
             scheduler.step()
-            fh.write(json.dumps({"step": step, "loss": float(result.loss), "grad_norm": float(result.grad_norm),
-                                 "step_time_s": time.perf_counter() - t0, "precision": precision,
-                                 "rows": len(dataset)}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "step": step,
+                        "loss": float(result.loss),
+                        "grad_norm": float(result.grad_norm),
+                        "step_time_s": time.perf_counter() - t0,
+                        "precision": precision,
+                        "rows": len(dataset),
+                    }
+                )
+                + "\n"
+            )
             fh.flush()
 
 
@@ -111,17 +158,29 @@ def compare(curves: dict[str, list[tuple[int, float]]]) -> dict:
     """Final losses (mean of the last TAIL steps) and the relative difference of fp8 against bf16."""
     final = {name: sum(v for _, v in pts[-TAIL:]) / len(pts[-TAIL:]) for name, pts in curves.items()}
     rel = abs(final["fp8"] - final["bf16"]) / final["bf16"]
-    return {"final_loss": final, "relative_difference": rel, "within_2_percent": rel <= 0.02,
-            "steps": {name: len(pts) for name, pts in curves.items()}, "tail_steps": TAIL}
+    return {
+        "final_loss": final,
+        "relative_difference": rel,
+        "within_2_percent": rel <= 0.02,
+        "steps": {name: len(pts) for name, pts in curves.items()},
+        "tail_steps": TAIL,
+    }
 
 
 def chart(curves: dict[str, list[tuple[int, float]]], every: int) -> str:
     from generators.results.svgchart import Series, line_chart
 
-    series = [Series(name=name, points=tuple((s, v) for s, v in pts if s == 1 or s % every == 0))
-              for name, pts in curves.items()]
-    return line_chart(series, title="Training loss, bf16 and fp8 (same seed and data)",
-                      x_label="optimizer step (log scale)", y_label="loss", y_tick=lambda v: f"{v:.1f}")
+    series = [
+        Series(name=name, points=tuple((s, v) for s, v in pts if s == 1 or s % every == 0))
+        for name, pts in curves.items()
+    ]
+    return line_chart(
+        series,
+        title="Training loss, bf16 and fp8 (same seed and data)",
+        x_label="optimizer step (log scale)",
+        y_label="loss",
+        y_tick=lambda v: f"{v:.1f}",
+    )
 
 
 @click.command()
@@ -134,21 +193,58 @@ def chart(curves: dict[str, list[tuple[int, float]]], every: int) -> str:
 @click.option("--examples", default=40000, show_default=True, help="samsum-format dialogues generated")
 @click.option("--vocab", default=4096, show_default=True, help="BPE vocabulary size")
 @click.option("--worker", "worker_precision", type=click.Choice(["bf16", "fp8"]), default=None, hidden=True)
-def main(out: str, model_name: str, steps: int, seq_len: int, batch_size: int, lr: float, examples: int,
-         vocab: int, worker_precision: str | None) -> None:
+def main(
+    out: str,
+    model_name: str,
+    steps: int,
+    seq_len: int,
+    batch_size: int,
+    lr: float,
+    examples: int,
+    vocab: int,
+    worker_precision: str | None,
+) -> None:
     """Train bf16 and fp8 side by side and compare the loss curves."""
     data, tok_dir = os.path.join(out, "samsum.jsonl"), os.path.join(out, "tokenizer")
     if worker_precision:
-        worker(worker_precision, model_name, data, tok_dir, seq_len, batch_size, steps, lr,
-               os.path.join(out, f"{worker_precision}.jsonl"))
+        worker(
+            worker_precision,
+            model_name,
+            data,
+            tok_dir,
+            seq_len,
+            batch_size,
+            steps,
+            lr,
+            os.path.join(out, f"{worker_precision}.jsonl"),
+        )
         return
     os.makedirs(out, exist_ok=True)
     make_data(out, examples, vocab)
     procs = []
     for gpu, precision in enumerate(("bf16", "fp8")):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
-               os.path.abspath(__file__), "--out", out, "--model", model_name, "--steps", str(steps),
-               "--seq-len", str(seq_len), "--batch-size", str(batch_size), "--lr", str(lr), "--worker", precision]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=1",
+            os.path.abspath(__file__),
+            "--out",
+            out,
+            "--model",
+            model_name,
+            "--steps",
+            str(steps),
+            "--seq-len",
+            str(seq_len),
+            "--batch-size",
+            str(batch_size),
+            "--lr",
+            str(lr),
+            "--worker",
+            precision,
+        ]
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu), NCCL_NVLS_ENABLE="0", PYTHONUNBUFFERED="1")
         click.echo(f"--- {precision} on GPU {gpu}: {' '.join(cmd[2:])}", err=True)
         procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env))
@@ -163,7 +259,6 @@ def main(out: str, model_name: str, steps: int, seq_len: int, batch_size: int, l
     with open(os.path.join(out, "loss.svg"), "w", encoding="ascii") as fh:
         fh.write(chart(curves, max(1, steps // 12)))
     click.echo(json.dumps(result, sort_keys=True))
-
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ together. A configuration that fails is reported and the suite goes on.
     python benchmarks/suite.py --gpus 2 --only baseline-fsdp1,default --out /tmp/h200x2.jsonl
     python benchmarks/suite.py --gpus 2 --nodes 2 --only default,default-hybrid-shard --out /tmp/n2.jsonl
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,15 @@ ROOT = os.path.dirname(HERE)
 # FSDP2 port of the seed's run (full checkpointing, no compile, full logits).
 CONFIGS: dict[str, list[str]] = {
     "baseline-fsdp1": ["baseline_fsdp1.py"],
-    "fsdp2-eager-fullac": ["train_bench.py", "--set", "parallelism.activation_checkpointing=full",
-                           "--set", "parallelism.compile=false", "--set", "training.loss_impl=full"],
+    "fsdp2-eager-fullac": [
+        "train_bench.py",
+        "--set",
+        "parallelism.activation_checkpointing=full",
+        "--set",
+        "parallelism.compile=false",
+        "--set",
+        "training.loss_impl=full",
+    ],
     "default": ["train_bench.py"],
     "default-no-compile": ["train_bench.py", "--set", "parallelism.compile=false"],
     "default-ac-full": ["train_bench.py", "--set", "parallelism.activation_checkpointing=full"],
@@ -44,17 +52,42 @@ CONFIGS: dict[str, list[str]] = {
     "default-hybrid-shard": ["train_bench.py", "--set", "parallelism.sharding_strategy=HYBRID_SHARD"],
     # fp8: torchao float8 decoder linears; with and without FSDP's float8 all-gather.
     "default-fp8": ["train_bench.py", "--set", "parallelism.precision=fp8"],
-    "default-fp8-all-gather": ["train_bench.py", "--set", "parallelism.precision=fp8",
-                               "--set", "parallelism.fp8_all_gather=true"],
-    "default-fp8-shard-grad-op": ["train_bench.py", "--set", "parallelism.precision=fp8",
-                                  "--set", "parallelism.sharding_strategy=SHARD_GRAD_OP"],
-    "default-fp8-hybrid-shard": ["train_bench.py", "--set", "parallelism.precision=fp8",
-                                 "--set", "parallelism.sharding_strategy=HYBRID_SHARD"],
+    "default-fp8-all-gather": [
+        "train_bench.py",
+        "--set",
+        "parallelism.precision=fp8",
+        "--set",
+        "parallelism.fp8_all_gather=true",
+    ],
+    "default-fp8-shard-grad-op": [
+        "train_bench.py",
+        "--set",
+        "parallelism.precision=fp8",
+        "--set",
+        "parallelism.sharding_strategy=SHARD_GRAD_OP",
+    ],
+    "default-fp8-hybrid-shard": [
+        "train_bench.py",
+        "--set",
+        "parallelism.precision=fp8",
+        "--set",
+        "parallelism.sharding_strategy=HYBRID_SHARD",
+    ],
     # Gradient accumulation over 4 micro-batches: one reduce-scatter per step or one per micro-batch.
-    "default-accum4-sync-last": ["train_bench.py", "--set", "training.grad_accum_steps=4",
-                                 "--set", "parallelism.grad_sync=last"],
-    "default-accum4-sync-every": ["train_bench.py", "--set", "training.grad_accum_steps=4",
-                                  "--set", "parallelism.grad_sync=every"],
+    "default-accum4-sync-last": [
+        "train_bench.py",
+        "--set",
+        "training.grad_accum_steps=4",
+        "--set",
+        "parallelism.grad_sync=last",
+    ],
+    "default-accum4-sync-every": [
+        "train_bench.py",
+        "--set",
+        "training.grad_accum_steps=4",
+        "--set",
+        "parallelism.grad_sync=every",
+    ],
 }
 
 
@@ -64,13 +97,36 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_one(name: str, gpus: int, model: str, seq_len: int, batch_size: int, warmup: int, steps: int,
-            out: str, extra: tuple[str, ...], nodes: int = 1) -> int:
+def run_one(
+    name: str,
+    gpus: int,
+    model: str,
+    seq_len: int,
+    batch_size: int,
+    warmup: int,
+    steps: int,
+    out: str,
+    extra: tuple[str, ...],
+    nodes: int = 1,
+) -> int:
     """One configuration in fresh processes. nodes > 1 starts that many torchrun agents on this host
     (--nnodes=N, c10d rendezvous on loopback, gpus/N GPUs each), the launch path of a multi-node job."""
     script, *args = CONFIGS[name]
-    bench = [os.path.join("benchmarks", script), "--model", model, "--seq-len", str(seq_len),
-             "--batch-size", str(batch_size), "--warmup", str(warmup), "--steps", str(steps), "--json", out]
+    bench = [
+        os.path.join("benchmarks", script),
+        "--model",
+        model,
+        "--seq-len",
+        str(seq_len),
+        "--batch-size",
+        str(batch_size),
+        "--warmup",
+        str(warmup),
+        "--steps",
+        str(steps),
+        "--json",
+        out,
+    ]
     if script == "train_bench.py":
         bench += ["--name", name, *args, *[a for item in extra for a in ("--set", item)]]
     per_node = gpus // nodes
@@ -79,18 +135,34 @@ def run_one(name: str, gpus: int, model: str, seq_len: int, batch_size: int, war
     if nodes == 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}", *bench]
         click.echo(f"--- {name}: {' '.join(cmd[2:])}", err=True)
-        code = subprocess.run(cmd, cwd=ROOT, env=dict(env, BENCH_LAUNCHER=f"torchrun --nproc_per_node={gpus}")).returncode
+        code = subprocess.run(
+            cmd, cwd=ROOT, env=dict(env, BENCH_LAUNCHER=f"torchrun --nproc_per_node={gpus}")
+        ).returncode
     else:
-        launch = [f"--nnodes={nodes}", f"--nproc_per_node={per_node}", "--rdzv-backend=c10d",
-                  f"--rdzv-endpoint=127.0.0.1:{_free_port()}", f"--rdzv-id=suite-{name}"]
+        launch = [
+            f"--nnodes={nodes}",
+            f"--nproc_per_node={per_node}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{_free_port()}",
+            f"--rdzv-id=suite-{name}",
+        ]
         agents = []
         for node in range(nodes):
             visible = ",".join(str(node * per_node + i) for i in range(per_node))
             cmd = [sys.executable, "-m", "torch.distributed.run", *launch, *bench]
             click.echo(f"--- {name} agent {node} (CUDA_VISIBLE_DEVICES={visible}): {' '.join(cmd[2:])}", err=True)
-            agents.append(subprocess.Popen(cmd, cwd=ROOT, env=dict(
-                env, CUDA_VISIBLE_DEVICES=visible, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
-                BENCH_LAUNCHER=f"torchrun {' '.join(launch)}")))
+            agents.append(
+                subprocess.Popen(
+                    cmd,
+                    cwd=ROOT,
+                    env=dict(
+                        env,
+                        CUDA_VISIBLE_DEVICES=visible,
+                        TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
+                        BENCH_LAUNCHER=f"torchrun {' '.join(launch)}",
+                    ),
+                )
+            )
         code = max(agent.wait() for agent in agents)
     click.echo(f"--- {name}: exit {code} after {time.time() - t0:.0f}s", err=True)
     return code
@@ -98,8 +170,12 @@ def run_one(name: str, gpus: int, model: str, seq_len: int, batch_size: int, war
 
 @click.command()
 @click.option("--gpus", default=1, show_default=True)
-@click.option("--nodes", default=1, show_default=True,
-              help="torchrun agents on this host (--nnodes, c10d rendezvous), each with gpus/nodes GPUs.")
+@click.option(
+    "--nodes",
+    default=1,
+    show_default=True,
+    help="torchrun agents on this host (--nnodes, c10d rendezvous), each with gpus/nodes GPUs.",
+)
 @click.option("--model", default="llama2-7b", show_default=True)
 @click.option("--seq-len", default=4096, show_default=True)
 @click.option("--batch-size", default=2, show_default=True)
@@ -108,16 +184,27 @@ def run_one(name: str, gpus: int, model: str, seq_len: int, batch_size: int, war
 @click.option("--only", default="", help="Comma-separated configuration names (default: all).")
 @click.option("--set", "extra", multiple=True, help="Override added to every trainer configuration.")
 @click.option("--out", required=True, help="JSON lines file the results are appended to.")
-def main(gpus: int, nodes: int, model: str, seq_len: int, batch_size: int, warmup: int, steps: int, only: str,
-         extra: tuple[str, ...], out: str) -> None:
+def main(
+    gpus: int,
+    nodes: int,
+    model: str,
+    seq_len: int,
+    batch_size: int,
+    warmup: int,
+    steps: int,
+    only: str,
+    extra: tuple[str, ...],
+    out: str,
+) -> None:
     """Run benchmark configurations one after another and print a comparison table."""
     if nodes < 1 or gpus % nodes:
         raise click.BadParameter(f"{nodes} does not divide --gpus {gpus}; use a divisor", param_hint="--nodes")
     names = [n for n in only.split(",") if n] or list(CONFIGS)
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:
-        raise click.BadParameter(f"unknown configuration(s) {', '.join(unknown)}; known: {', '.join(CONFIGS)}",
-                                 param_hint="--only")
+        raise click.BadParameter(
+            f"unknown configuration(s) {', '.join(unknown)}; known: {', '.join(CONFIGS)}", param_hint="--only"
+        )
     failed = [n for n in names if run_one(n, gpus, model, seq_len, batch_size, warmup, steps, out, extra, nodes)]
     rows = {}
     if os.path.exists(out):
@@ -125,17 +212,25 @@ def main(gpus: int, nodes: int, model: str, seq_len: int, batch_size: int, warmu
             for line in fh:
                 r = json.loads(line)
                 if (r["world_size"], r.get("nodes", 1), r["config"]["model"], r["config"]["seq_len"]) == (
-                        gpus, nodes, model, seq_len):
+                    gpus,
+                    nodes,
+                    model,
+                    seq_len,
+                ):
                     rows[r["name"]] = r
-    click.echo(f"\n{'configuration':<30} {'tokens/s/GPU':>12} {'MFU':>6} {'step s':>7} {'alloc GiB':>9} {'resv GiB':>8}")
+    click.echo(
+        f"\n{'configuration':<30} {'tokens/s/GPU':>12} {'MFU':>6} {'step s':>7} {'alloc GiB':>9} {'resv GiB':>8}"
+    )
     for name in names:
         r = rows.get(name)
         if r is None:
             click.echo(f"{name:<30} {'failed':>12}")
             continue
-        click.echo(f"{name:<30} {r['tokens_per_s_per_gpu']:>12,.0f} {100 * r['mfu']:>5.1f}% "
-                   f"{r['median_step_time_s']:>7.3f} {r.get('peak_allocated_gib', 0):>9.1f} "
-                   f"{r.get('peak_reserved_gib', 0):>8.1f}")
+        click.echo(
+            f"{name:<30} {r['tokens_per_s_per_gpu']:>12,.0f} {100 * r['mfu']:>5.1f}% "
+            f"{r['median_step_time_s']:>7.3f} {r.get('peak_allocated_gib', 0):>9.1f} "
+            f"{r.get('peak_reserved_gib', 0):>8.1f}"
+        )
     for name in ("default", "default-fp8"):
         if "baseline-fsdp1" in rows and name in rows:
             ratio = rows[name]["tokens_per_s_per_gpu"] / rows["baseline-fsdp1"]["tokens_per_s_per_gpu"]

@@ -11,6 +11,7 @@ The configuration is the trainer's defaults (what the generator writes for GPU r
     torchrun --nproc_per_node=1 benchmarks/train_bench.py --model llama2-7b --seq-len 4096 --batch-size 2
     torchrun --nproc_per_node=2 benchmarks/train_bench.py --model llama2-7b --set parallelism.compile=false
 """
+
 from __future__ import annotations
 
 import os
@@ -26,9 +27,11 @@ from trainer.config import apply_overrides, from_dict, to_dict  # noqa: E402
 
 def bench_config(model: str, seq_len: int, batch_size: int, overrides: tuple[str, ...]):
     """The trainer defaults for `model` on synthetic data, with the benchmark's overrides on top."""
-    data = {"model": {"name": model},
-            "data": {"format": "synthetic", "seq_len": seq_len},
-            "training": {"batch_size_per_gpu": batch_size}}
+    data = {
+        "model": {"name": model},
+        "data": {"format": "synthetic", "seq_len": seq_len},
+        "training": {"batch_size_per_gpu": batch_size},
+    }
     return from_dict(apply_overrides(data, overrides))
 
 
@@ -36,16 +39,35 @@ def bench_config(model: str, seq_len: int, batch_size: int, overrides: tuple[str
 @click.option("--model", "model_name", default="llama2-7b", type=click.Choice(sorted(MODELS)))
 @click.option("--seq-len", default=4096, show_default=True)
 @click.option("--batch-size", default=2, show_default=True, help="Sequences per GPU per micro-step.")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Trainer config override, e.g. parallelism.activation_checkpointing=none (repeatable).")
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Trainer config override, e.g. parallelism.activation_checkpointing=none (repeatable).",
+)
 @click.option("--warmup", default=5, show_default=True, help="Untimed steps (compile happens here).")
 @click.option("--steps", default=10, show_default=True, help="Timed steps.")
 @click.option("--name", default="trainer", show_default=True, help="Label of this configuration.")
 @click.option("--json", "json_path", default=None, help="Append the result as a JSON line here.")
-@click.option("--profile", "profile_steps", default=0, show_default=True,
-              help="After timing, profile this many steps and add where the GPU time went to the result.")
-def main(model_name: str, seq_len: int, batch_size: int, overrides: tuple[str, ...], warmup: int, steps: int,
-         name: str, json_path: str | None, profile_steps: int) -> None:
+@click.option(
+    "--profile",
+    "profile_steps",
+    default=0,
+    show_default=True,
+    help="After timing, profile this many steps and add where the GPU time went to the result.",
+)
+def main(
+    model_name: str,
+    seq_len: int,
+    batch_size: int,
+    overrides: tuple[str, ...],
+    warmup: int,
+    steps: int,
+    name: str,
+    json_path: str | None,
+    profile_steps: int,
+) -> None:
     """Time the trainer's optimizer step on synthetic tokens."""
     import torch
     import torch.distributed as dist
@@ -76,16 +98,25 @@ def main(model_name: str, seq_len: int, batch_size: int, overrides: tuple[str, .
     breakdown = profile_breakdown(step, profile_steps) if profile_steps and device.type == "cuda" else None
     arch = MODELS[model_name]
     resolved = to_dict(cfg)
-    config = {"model": model_name, "seq_len": seq_len, "batch_size_per_gpu": batch_size,
-              "grad_accum_steps": accum, **{f"parallelism.{k}": v for k, v in resolved["parallelism"].items()},
-              "training.loss_impl": cfg.training.loss_impl,
-              "training.bf16_optimizer_state": cfg.training.bf16_optimizer_state,
-              "model.attn_implementation": cfg.model.attn_implementation,
-              "overrides": " ".join(overrides) or "(none)"}
-    result = summarise(name=name, config=config, step_times=times,
-                       tokens_per_step_per_gpu=batch_size * seq_len * accum,
-                       flops_per_token=arch.flops_per_token(seq_len),
-                       peak_flops=peak_flops_for(torch.cuda.get_device_name()) if device.type == "cuda" else 0.0)
+    config = {
+        "model": model_name,
+        "seq_len": seq_len,
+        "batch_size_per_gpu": batch_size,
+        "grad_accum_steps": accum,
+        **{f"parallelism.{k}": v for k, v in resolved["parallelism"].items()},
+        "training.loss_impl": cfg.training.loss_impl,
+        "training.bf16_optimizer_state": cfg.training.bf16_optimizer_state,
+        "model.attn_implementation": cfg.model.attn_implementation,
+        "overrides": " ".join(overrides) or "(none)",
+    }
+    result = summarise(
+        name=name,
+        config=config,
+        step_times=times,
+        tokens_per_step_per_gpu=batch_size * seq_len * accum,
+        flops_per_token=arch.flops_per_token(seq_len),
+        peak_flops=peak_flops_for(torch.cuda.get_device_name()) if device.type == "cuda" else 0.0,
+    )
     if breakdown:
         result["profile"] = breakdown
         if env.rank == 0:

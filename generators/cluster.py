@@ -18,6 +18,7 @@ one line on stderr naming the file, line, key and fix, exits 2 and writes nothin
 of the output (eksctl's ClusterConfig schema, Karpenter's CRD schemas) is part of
 `python generators/validate.py`.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -39,8 +40,13 @@ DEFAULT_OUT = REPO_ROOT / "overlays" / "provisioning"
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("matrix", metavar="MATRIX")
-@click.option("--out", "out", metavar="DIR", default=None,
-              help="Output directory (default: the repository's overlays/provisioning/).")
+@click.option(
+    "--out",
+    "out",
+    metavar="DIR",
+    default=None,
+    help="Output directory (default: the repository's overlays/provisioning/).",
+)
 @click.option("--check", is_flag=True, help="Write nothing; exit 1 naming every file that would change.")
 @click.option("--karpenter", is_flag=True, help="Karpenter NodePools and EC2NodeClass instead of GPU node groups.")
 @errors_to_exit_codes

@@ -11,10 +11,12 @@ Bad input (the matrix or the options) prints one line on stderr naming the file,
 and exits 2 without touching the output directory; other failures exit 1. The matrix format is
 described in generators/matrix/ and README.md.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import click
 
@@ -34,29 +36,45 @@ DEFAULT_OUT = REPO_ROOT / "overlays"
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("matrix", metavar="MATRIX")
-@click.option("--out", "out", metavar="DIR", default=None,
-              help="Output directory (default: the repository's overlays/).")
+@click.option(
+    "--out", "out", metavar="DIR", default=None, help="Output directory (default: the repository's overlays/)."
+)
 @click.option("--check", is_flag=True, help="Write nothing; exit 1 naming every file that would change.")
 @click.option("--list", "list_runs", is_flag=True, help="Print a table of the runs; write nothing.")
-@click.option("--plan", "show_plan", is_flag=True,
-              help="Print what every run needs and costs (GPU and host memory, tokens/s, hours, GPU-hours, "
-                   "cost); write nothing; exit 1 when a run cannot fit.")
-@click.option("--base", metavar="REF", default=None,
-              help="With --plan: the difference against MATRIX at git commit REF (e.g. origin/main).")
-@click.option("--prices", metavar="FILE", default=None,
-              help="With --plan: the price table (default: generators/plan/prices.yaml).")
+@click.option(
+    "--plan",
+    "show_plan",
+    is_flag=True,
+    help="Print what every run needs and costs (GPU and host memory, tokens/s, hours, GPU-hours, "
+    "cost); write nothing; exit 1 when a run cannot fit.",
+)
+@click.option(
+    "--base",
+    metavar="REF",
+    default=None,
+    help="With --plan: the difference against MATRIX at git commit REF (e.g. origin/main).",
+)
+@click.option(
+    "--prices",
+    metavar="FILE",
+    default=None,
+    help="With --plan: the price table (default: generators/plan/prices.yaml).",
+)
 @errors_to_exit_codes
-def main(matrix: str, out: str | None, check: bool, list_runs: bool, show_plan: bool, base: str | None,
-         prices: str | None) -> None:
+def main(
+    matrix: str, out: str | None, check: bool, list_runs: bool, show_plan: bool, base: str | None, prices: str | None
+) -> None:
     """Expand MATRIX (an experiment matrix, e.g. matrix.yaml) into kustomize overlays."""
     if check and list_runs:
         raise InputError("choose one", key="--check and --list", fix="drop one of the two options")
     if show_plan and (check or list_runs or out is not None):
-        raise InputError("choose one", key="--plan and --check, --list or --out",
-                         fix="--plan writes nothing: drop the other option")
+        raise InputError(
+            "choose one", key="--plan and --check, --list or --out", fix="--plan writes nothing: drop the other option"
+        )
     if not show_plan and (base is not None or prices is not None):
-        raise InputError("only with --plan", key="--base" if base is not None else "--prices",
-                         fix="add --plan, or drop the option")
+        raise InputError(
+            "only with --plan", key="--base" if base is not None else "--prices", fix="add --plan, or drop the option"
+        )
     out_dir = output_dir(out, DEFAULT_OUT, REPO_ROOT)
     label = matrix_label(matrix, REPO_ROOT)
 
@@ -77,27 +95,54 @@ def main(matrix: str, out: str | None, check: bool, list_runs: bool, show_plan: 
     sync(out_dir, files, check=check, generator=GENERATOR, rerun=rerun, what=f"for {len(runs)} runs")
 
 
-def print_plan(matrix_file: str, label: str, m: Matrix, runs: list[Run], base: str | None,
-               prices: str | None) -> None:
+def print_plan(matrix_file: str, label: str, m: Matrix, runs: list[Run], base: str | None, prices: str | None) -> None:
     """--plan: the plan (or its difference against REF) on stdout; refused runs make it exit 1."""
     text, refused = plan_output(matrix_file, label, m, runs, base, prices)
     click.echo(text, nl=False)
     if refused:
-        raise Failure(f"{refused} run{'s' if refused != 1 else ''} cannot fit: each is refused above with "
-                      "the cheapest change that fixes it")
+        raise Failure(
+            f"{refused} run{'s' if refused != 1 else ''} cannot fit: each is refused above with "
+            "the cheapest change that fixes it"
+        )
 
 
 def format_table(plans: Sequence[Plan]) -> str:
     """The --list table: one row per run."""
-    header = ("NAME", "CLUSTER", "MODEL", "INSTANCE TYPE", "NODES", "GPUS/NODE", "WORLD", "SHARDING",
-              "ACT. CKPT", "EST. GIB/GPU")
-    rows = [header] + [(p.name, p.cluster, p.model, p.instance_type, str(p.nodes), str(p.gpus_per_node),
-                        str(p.world_size), p.sharding, p.trainer.parallelism.activation_checkpointing,
-                        f"{p.est_gpu_memory_gib:.1f}") for p in plans]
+    header = (
+        "NAME",
+        "CLUSTER",
+        "MODEL",
+        "INSTANCE TYPE",
+        "NODES",
+        "GPUS/NODE",
+        "WORLD",
+        "SHARDING",
+        "ACT. CKPT",
+        "EST. GIB/GPU",
+    )
+    rows = [header] + [
+        (
+            p.name,
+            p.cluster,
+            p.model,
+            p.instance_type,
+            str(p.nodes),
+            str(p.gpus_per_node),
+            str(p.world_size),
+            p.sharding,
+            p.trainer.parallelism.activation_checkpointing,
+            f"{p.est_gpu_memory_gib:.1f}",
+        )
+        for p in plans
+    ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     numeric = {4, 5, 6, 9}
-    lines = ["  ".join(c.rjust(w) if i in numeric and r is not header else c.ljust(w)
-                       for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows]
+    lines = [
+        "  ".join(
+            c.rjust(w) if i in numeric and r is not header else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))
+        ).rstrip()
+        for r in rows
+    ]
     return "\n".join(lines)
 
 

@@ -34,6 +34,7 @@ are left alone). The same inputs give the same bytes. Bad input (a missing file,
 JSON, a missing or mistyped key, no records) prints one line on stderr naming the file, line and key
 with the fix, exits 2 and writes nothing; failing to write exits 1.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -52,20 +53,37 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("inputs", nargs=-1, metavar="INPUT...")
 @click.option("--out", metavar="DIR", default=None, help="Also write report.md, scaling.svg and mfu.svg into DIR.")
-@click.option("--baseline-world-size", type=int, metavar="N", default=None,
-              help="World size that counts as 100% efficiency (default: the smallest of each series).")
-@click.option("--warmup-logs", type=int, metavar="N", default=DEFAULT_WARMUP_LOGS, show_default=True,
-              help="Logged steps dropped at the start of every trainer launch (warm-up, compilation).")
+@click.option(
+    "--baseline-world-size",
+    type=int,
+    metavar="N",
+    default=None,
+    help="World size that counts as 100% efficiency (default: the smallest of each series).",
+)
+@click.option(
+    "--warmup-logs",
+    type=int,
+    metavar="N",
+    default=DEFAULT_WARMUP_LOGS,
+    show_default=True,
+    help="Logged steps dropped at the start of every trainer launch (warm-up, compilation).",
+)
 @errors_to_exit_codes
 def main(inputs: tuple[str, ...], out: str | None, baseline_world_size: int | None, warmup_logs: int) -> None:
     """Scaling report from benchmark JSON lines and trainer run directories (INPUT...)."""
     out_dir = output_dir(out, Path(), REPO_ROOT) if out is not None else None
     if baseline_world_size is not None and baseline_world_size < 1:
-        raise InputError(f"must be at least 1, got {baseline_world_size}", key="--baseline-world-size",
-                         fix="pass a world size of the series, or leave the option out")
+        raise InputError(
+            f"must be at least 1, got {baseline_world_size}",
+            key="--baseline-world-size",
+            fix="pass a world size of the series, or leave the option out",
+        )
     if warmup_logs < 0:
-        raise InputError(f"must be 0 or more, got {warmup_logs}", key="--warmup-logs",
-                         fix="pass how many logged steps to drop at the start of each launch")
+        raise InputError(
+            f"must be 0 or more, got {warmup_logs}",
+            key="--warmup-logs",
+            fix="pass how many logged steps to drop at the start of each launch",
+        )
     measurements: list[Measurement] = load(inputs, warmup_logs)
     points: list[Point] = summarise(measurements, baseline_world_size)
     files: dict[str, bytes] = render(points, baseline_world_size) if out_dir is not None else {}

@@ -33,6 +33,7 @@ The steps live in generators/validation/ (index.py: files and builds; schemas.py
 pipeline.py: the order). A problem in a build names the input file that set the offending field (the overlay's own patch
 before its bases), and a mistake in a base that shows in every build using it is reported once.
 """
+
 from __future__ import annotations
 
 import os
@@ -44,37 +45,55 @@ from generators.core.cli import Failure, errors_to_exit_codes
 from generators.validation.pipeline import Report, repository_root, validate
 from generators.validation.schemas import CRD_SCHEMAS_ENV, K8S_VERSION, cluster_tools, default_crd_dir
 
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--crd-schemas", "crd_schemas", type=click.Path(path_type=Path), default=None,
-              help=f"CRD JSON schemas in the {{group}}/{{kind}}_{{version}}.json layout "
-                   f"[default: ${CRD_SCHEMAS_ENV}, else generated from the pinned CRDs into .tools/schemas/crds]")
-@click.option("--k8s-version", default=K8S_VERSION, show_default=True,
-              help="Kubernetes version of the core schemas (from the kubernetes-validate package).")
-@click.option("--server", is_flag=True,
-              help="Also dry-run every overlay Flux applies against a real kube-apiserver with the pinned CRDs.")
+@click.option(
+    "--crd-schemas",
+    "crd_schemas",
+    type=click.Path(path_type=Path),
+    default=None,
+    help=f"CRD JSON schemas in the {{group}}/{{kind}}_{{version}}.json layout "
+    f"[default: ${CRD_SCHEMAS_ENV}, else generated from the pinned CRDs into .tools/schemas/crds]",
+)
+@click.option(
+    "--k8s-version",
+    default=K8S_VERSION,
+    show_default=True,
+    help="Kubernetes version of the core schemas (from the kubernetes-validate package).",
+)
+@click.option(
+    "--server",
+    is_flag=True,
+    help="Also dry-run every overlay Flux applies against a real kube-apiserver with the pinned CRDs.",
+)
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @errors_to_exit_codes
 def main(crd_schemas: Path | None, k8s_version: str, server: bool, paths: tuple[Path, ...]) -> None:
     """Validate the repository (or PATHS in it): YAML, kustomize builds, schemas, Flux graph, semantics."""
     root: Path = repository_root(paths, default=Path(__file__).resolve().parent.parent)
     rel = [os.path.relpath(p.resolve(), root) for p in paths]
-    report: Report = validate(root, rel, crd_dir=(crd_schemas or default_crd_dir(root)).resolve(),
-                              k8s_version=k8s_version)
+    report: Report = validate(
+        root, rel, crd_dir=(crd_schemas or default_crd_dir(root)).resolve(), k8s_version=k8s_version
+    )
     for p in report.problems:
         click.echo(str(p), err=True)
     status = f"{len(report.problems)} problem(s)" if report.problems else "OK"
-    click.echo(f"validated {report.num_yaml_files} YAML files, {report.num_builds} kustomize builds, "
-               f"{report.num_resources} resources, {report.num_flux_kustomizations} Flux Kustomizations, "
-               f"{report.num_pytorchjobs} PyTorchJobs "
-               f"in {report.seconds:.1f}s: {status}")
+    click.echo(
+        f"validated {report.num_yaml_files} YAML files, {report.num_builds} kustomize builds, "
+        f"{report.num_resources} resources, {report.num_flux_kustomizations} Flux Kustomizations, "
+        f"{report.num_pytorchjobs} PyTorchJobs "
+        f"in {report.seconds:.1f}s: {status}"
+    )
     server_problems: list[str] = []
     if server:
         # A real API server on loopback: started only when asked (tools/cluster/dryrun.py).
         checked, server_problems = cluster_tools("dryrun").server_problems(root, rel)
         for p in server_problems:
             click.echo(p, err=True)
-        click.echo(f"server-side dry-run of {checked} overlays: "
-                   f"{f'{len(server_problems)} problem(s)' if server_problems else 'OK'}")
+        click.echo(
+            f"server-side dry-run of {checked} overlays: "
+            f"{f'{len(server_problems)} problem(s)' if server_problems else 'OK'}"
+        )
     if report.problems or server_problems:
         raise Failure("")  # the problems and the summary are printed above
 

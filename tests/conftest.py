@@ -8,6 +8,7 @@ instead: levels 1 and 2 share one ("cluster"), and each level-3 cluster of matri
 (xdist's own `--dist loadgroup` renames node ids to carry the group, which pytest 9 no longer allows,
 so the grouping is a scheduler here.)
 """
+
 from __future__ import annotations
 
 import re
@@ -32,6 +33,7 @@ def unit_of(nodeid: str) -> str:
 
 
 if LoadScopeScheduling is not None:
+
     class _ByUnit(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return unit_of(nodeid)

@@ -1,4 +1,5 @@
 """Small matrices and helpers shared by the generator tests (test_matrix_*, test_plan_*, test_expand_*)."""
+
 from __future__ import annotations
 
 from pathlib import Path

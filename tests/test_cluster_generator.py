@@ -1,5 +1,6 @@
 """generators/cluster.py: eksctl ClusterConfigs (and Karpenter objects) from the matrix, checked
 against eksctl's published schema and Karpenter's CRD schemas with real kubeconform."""
+
 from __future__ import annotations
 
 import json
@@ -13,10 +14,10 @@ from click.testing import CliRunner
 
 from generators import cluster
 from generators import matrix as matrix_mod
+from generators.core.gotools import tool
 from generators.matrix.schema import Cluster
 from generators.plan import plan
 from generators.render import provisioning
-from generators.core.gotools import tool
 from generators.validation.schemas import default_crd_dir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -26,16 +27,17 @@ EKSCTL_SCHEMAS = CRDS.parent / "eksctl"
 RESERVATION = "cr-0123456789abcdef0"
 
 
-def run_cli(*args: str) -> "CliRunner.invoke":
+def run_cli(*args: str) -> CliRunner.invoke:
     return CliRunner().invoke(cluster.main, list(args), catch_exceptions=False)
 
 
 def kubeconform(location: str, *paths: Path) -> dict:
     """kubeconform -strict with one schema location; its JSON report."""
     proc = subprocess.run(
-        [tool("kubeconform"), "-strict", "-summary", "-output", "json", "-schema-location", location,
-         *map(str, paths)],
-        capture_output=True, text=True, check=False,
+        [tool("kubeconform"), "-strict", "-summary", "-output", "json", "-schema-location", location, *map(str, paths)],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     return json.loads(proc.stdout)
 
@@ -103,7 +105,10 @@ def test_a_wrong_type_fails_the_eksctl_schema(generated, tmp_path):
 def test_the_repository_validation_checks_the_committed_configs_against_the_eksctl_schema():
     result = subprocess.run(
         [sys.executable, str(REPO / "generators" / "validate.py"), "--crd-schemas", str(CRDS), "overlays/provisioning"],
-        cwd=REPO, capture_output=True, text=True, check=False,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     output = result.stdout + result.stderr
     configs = len(list((REPO / "overlays" / "provisioning").glob("*/eksctl.yaml")))
@@ -118,7 +123,9 @@ def test_a_bad_instance_type_in_the_matrix_fails_with_one_line_and_writes_nothin
     result = CliRunner().invoke(cluster.main, [str(bad), "--out", str(out)])
     assert result.exit_code == 2
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
-    assert f"matrix.yaml:{line}: clusters.fsdp-p5.instance_types[0]: unknown instance type 'p5.96xlarge'" in result.stderr
+    assert (
+        f"matrix.yaml:{line}: clusters.fsdp-p5.instance_types[0]: unknown instance type 'p5.96xlarge'" in result.stderr
+    )
     assert "fix: use one of" in result.stderr
     assert not out.exists()
 
@@ -146,9 +153,12 @@ def test_the_gpu_taint_is_tolerated_by_the_pytorchjob_template(generated):
     for path in generated.glob("*/eksctl.yaml"):
         for g in load(path)["managedNodeGroups"]:
             for taint in g.get("taints", []):
-                assert any(t["key"] == taint["key"] and t["effect"] == taint["effect"]
-                           and (t["operator"] == "Exists" or t.get("value") == taint["value"])
-                           for t in tolerations), f"{path}: {taint} is not tolerated by base/pytorchjob"
+                assert any(
+                    t["key"] == taint["key"]
+                    and t["effect"] == taint["effect"]
+                    and (t["operator"] == "Exists" or t.get("value") == taint["value"])
+                    for t in tolerations
+                ), f"{path}: {taint} is not tolerated by base/pytorchjob"
 
 
 def test_a_capacity_reservation_targets_the_node_group(tmp_path):
@@ -161,13 +171,16 @@ def test_a_capacity_reservation_targets_the_node_group(tmp_path):
 
 
 def test_two_reservations_for_a_node_group_fail_naming_the_line_and_the_way_out(tmp_path):
-    m = matrix_copy(tmp_path, "capacity_reservation_ids: []",
-                    f"capacity_reservation_ids: [{RESERVATION}, cr-0123456789abcdef1]")
+    m = matrix_copy(
+        tmp_path, "capacity_reservation_ids: []", f"capacity_reservation_ids: [{RESERVATION}, cr-0123456789abcdef1]"
+    )
     line = next(i for i, text in enumerate(m.read_text().splitlines(), 1) if "cr-0123456789abcdef1" in text)
     out = tmp_path / "out"
     result = CliRunner().invoke(cluster.main, [str(m), "--out", str(out)])
     assert result.exit_code == 2 and not out.exists()
-    assert f"matrix.yaml:{line}: clusters.fsdp-p4de.capacity_reservation_ids: 2 capacity reservation(s)" in result.stderr
+    assert (
+        f"matrix.yaml:{line}: clusters.fsdp-p4de.capacity_reservation_ids: 2 capacity reservation(s)" in result.stderr
+    )
     assert "generate with --karpenter" in result.stderr
     ok = CliRunner().invoke(cluster.main, [str(m), "--out", str(out), "--karpenter"])
     assert ok.exit_code == 0, ok.stderr
@@ -184,21 +197,35 @@ def test_karpenter_replaces_the_gpu_node_groups_and_its_objects_pass_their_crd_s
         assert config["karpenter"]["version"] == provisioning.KARPENTER_VERSION
         assert config["metadata"]["tags"][provisioning.DISCOVERY_TAG] == name
         pools = sorted((generated_karpenter / name / "karpenter").glob("nodepool-*.yaml"))
-        assert [p.name for p in pools] == sorted(f"nodepool-{provisioning.nodegroup_name(t)}.yaml" for t in c.instance_types)
+        assert [p.name for p in pools] == sorted(
+            f"nodepool-{provisioning.nodegroup_name(t)}.yaml" for t in c.instance_types
+        )
         pool = load(pools[0])["spec"]
-        assert {"key": "topology.kubernetes.io/zone", "operator": "In",
-                "values": [c.availability_zones[0]]} in pool["template"]["spec"]["requirements"]
+        assert {"key": "topology.kubernetes.io/zone", "operator": "In", "values": [c.availability_zones[0]]} in pool[
+            "template"
+        ]["spec"]["requirements"]
         assert pool["disruption"]["consolidationPolicy"] == "WhenEmpty"
     karpenter_files = sorted(generated_karpenter.glob("*/karpenter/*.yaml"))
-    report = kubeconform(f"{CRDS}/{{{{.Group}}}}/{{{{.ResourceKind}}}}_{{{{.ResourceAPIVersion}}}}.json", *karpenter_files)
+    report = kubeconform(
+        f"{CRDS}/{{{{.Group}}}}/{{{{.ResourceKind}}}}_{{{{.ResourceAPIVersion}}}}.json", *karpenter_files
+    )
     assert report["summary"] == {"valid": len(karpenter_files), "invalid": 0, "errors": 0, "skipped": 0}, report
     assert eksctl_report(*generated_karpenter.glob("*/eksctl.yaml"))["summary"]["valid"] == len(m.clusters)
 
 
 def test_a_single_zone_gets_the_next_zone_for_the_control_plane():
-    c = Cluster(name="c", namespace="fsdp", instance_types=("p5.48xlarge",), region="us-west-2",
-                availability_zones=("us-west-2a",), capacity_reservation_ids=(), volume_size_gib=500,
-                kubernetes_version="1.33", max_nodes=4, shared_storage_gib=100)
+    c = Cluster(
+        name="c",
+        namespace="fsdp",
+        instance_types=("p5.48xlarge",),
+        region="us-west-2",
+        availability_zones=("us-west-2a",),
+        capacity_reservation_ids=(),
+        volume_size_gib=500,
+        kubernetes_version="1.33",
+        max_nodes=4,
+        shared_storage_gib=100,
+    )
     assert provisioning.cluster_zones(c) == ["us-west-2a", "us-west-2b"]
     two = Cluster(**{**c.__dict__, "availability_zones": ("us-west-2c", "us-west-2d")})
     assert provisioning.cluster_zones(two) == ["us-west-2c", "us-west-2d"]

@@ -1,16 +1,17 @@
 """What the generators write so that a first reconcile on EKS trains: retries that keep their
 checkpoints, data staging the runs wait for, the graceful stop, queueing, Capacity Blocks and the
 cluster autoscaler. Pure renderers on small matrices; the validation and the cluster tests build them."""
+
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+from matrix_support import cluster_plans, load, plans
 
 from generators.core.errors import InputError
 from generators.render import OVERLAYS, provisioning, render
 from generators.render.runs import FSDP_GRACE_ENV, termination_grace_s
-from matrix_support import cluster_plans, load, plans
 
 HEAD = """\
 apiVersion: fsdp-gitops/v1
@@ -68,8 +69,17 @@ def test_runs_wait_for_their_staged_dataset_and_the_cluster_stages_it(rendered):
     assert op(ops, "initContainers/0/env/0/value")["value"] == "/shared/data/samsum/_COMPLETE"
     job = files["infrastructure/c1/data/samsum/job.data.yaml"].ops
     command = [o for o in job if o["path"].endswith("/command")][0]["value"]
-    assert command == ["python", "-m", "trainer.prepare_data", "--dataset", "knkarthick/samsum", "--format",
-                       "samsum", "--out", "/shared/data/samsum"]
+    assert command == [
+        "python",
+        "-m",
+        "trainer.prepare_data",
+        "--dataset",
+        "knkarthick/samsum",
+        "--format",
+        "samsum",
+        "--out",
+        "/shared/data/samsum",
+    ]
     runs_c1 = files["clusters/c1/experiments.yaml"]
     assert all({"name": "data-staging"} in k["spec"]["dependsOn"] for k in runs_c1)
 
@@ -117,14 +127,18 @@ def test_capacity_blocks_launch_with_their_market_type_and_the_autoscaler_finds_
     assert gpu["tags"]["k8s.io/cluster-autoscaler/node-template/taint/nvidia.com/gpu"] == "true:NoSchedule"
     (system,) = [g for g in config["managedNodeGroups"] if g["name"] == "system"]
     assert not any(k.startswith("k8s.io/cluster-autoscaler") for k in system.get("tags", {}))
-    assert {"namespace": "kube-system", "serviceAccountName": "cluster-autoscaler",
-            "wellKnownPolicies": {"autoScaler": True}} in config["iam"]["podIdentityAssociations"]
+    assert {
+        "namespace": "kube-system",
+        "serviceAccountName": "cluster-autoscaler",
+        "wellKnownPolicies": {"autoScaler": True},
+    } in config["iam"]["podIdentityAssociations"]
     assert "--install-nvidia-plugin=false" in config["metadata"]["annotations"]["fsdp-gitops/create-with"]
     (cni,) = [a for a in config["addons"] if a["name"] == "vpc-cni"]
     assert '"enableNetworkPolicy":"true"' in cni["configurationValues"]
     # On-Demand reservations (c2 has none; c1 without capacity_blocks) get no market type.
-    plain = provisioning.render_eksctl(cluster_plans(HEAD.replace("    capacity_blocks: true\n", "") + RUNS)[0],
-                                       karpenter=False)
+    plain = provisioning.render_eksctl(
+        cluster_plans(HEAD.replace("    capacity_blocks: true\n", "") + RUNS)[0], karpenter=False
+    )
     assert all("instanceMarketOptions" not in g for g in plain["managedNodeGroups"])
 
 

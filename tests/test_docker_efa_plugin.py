@@ -7,6 +7,7 @@ by the test with the same exported layout (a table whose first field is the name
 dlopen and dlsym are the real ones, and libcudart is the real CUDA runtime from the torch wheels.
 The Dockerfile test checks the image provides the link and runs the check at build time.
 """
+
 from __future__ import annotations
 
 import importlib.metadata as metadata
@@ -45,11 +46,14 @@ def cudart_so13() -> Path:
 
 def compile_plugin(tmp: Path, *, version: int = 10, missing_symbol: bool = False) -> Path:
     source = tmp / "plugin.c"
-    source.write_text(PLUGIN_C % {
-        "version": version,
-        "extern": "extern int fi_getinfo_not_provided(void);" if missing_symbol else "",
-        "call": "fi_getinfo_not_provided();" if missing_symbol else "",
-    })
+    source.write_text(
+        PLUGIN_C
+        % {
+            "version": version,
+            "extern": "extern int fi_getinfo_not_provided(void);" if missing_symbol else "",
+            "call": "fi_getinfo_not_provided();" if missing_symbol else "",
+        }
+    )
     out = tmp / "libnccl-net-ofi.so"
     subprocess.run([shutil.which("cc") or "gcc", "-shared", "-fPIC", "-o", str(out), str(source)], check=True)
     return out
@@ -57,8 +61,13 @@ def compile_plugin(tmp: Path, *, version: int = 10, missing_symbol: bool = False
 
 def verify(plugin: Path, library_path: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "LD_LIBRARY_PATH": library_path, "NCCL_NET_PLUGIN": "ofi"}
-    return subprocess.run([sys.executable, str(SCRIPT), "--nccl", NCCL, "--efa", "--plugin", str(plugin)],
-                          capture_output=True, text=True, check=False, env=env)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--nccl", NCCL, "--efa", "--plugin", str(plugin)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+    )
 
 
 @pytest.fixture()
@@ -72,8 +81,11 @@ def cudart_dir(tmp_path: Path) -> Path:
 
 def test_the_unversioned_cudart_loads_and_answers_and_the_plugin_table_resolves(tmp_path, cudart_dir):
     result = verify(compile_plugin(tmp_path), str(cudart_dir))
-    assert re.search(r"^ok: dlopen\('libcudart.so'\) -> \['.*libcudart\.so\.13'\]: cudaRuntimeGetVersion = 13\d{3}",
-                     result.stdout, re.M), result.stdout
+    assert re.search(
+        r"^ok: dlopen\('libcudart.so'\) -> \['.*libcudart\.so\.13'\]: cudaRuntimeGetVersion = 13\d{3}",
+        result.stdout,
+        re.M,
+    ), result.stdout
     assert "ok: ncclNet plugin tables: [\"v10 'Libfabric'\"]" in result.stdout, result.stdout
     assert re.search(r"^ok: dlopen\('.*libnccl-net-ofi\.so', RTLD_NOW\): every symbol resolved", result.stdout, re.M)
 
@@ -91,8 +103,9 @@ def test_without_the_unversioned_cudart_the_check_fails(tmp_path):
 def test_a_plugin_with_an_unresolved_symbol_fails_like_nccl_would_drop_it(tmp_path, cudart_dir):
     result = verify(compile_plugin(tmp_path, missing_symbol=True), str(cudart_dir))
     assert result.returncode == 1
-    assert re.search(r"^FAIL: dlopen\('.*libnccl-net-ofi\.so', RTLD_NOW\) failed: .*fi_getinfo_not_provided",
-                     result.stdout, re.M), result.stdout
+    assert re.search(
+        r"^FAIL: dlopen\('.*libnccl-net-ofi\.so', RTLD_NOW\) failed: .*fi_getinfo_not_provided", result.stdout, re.M
+    ), result.stdout
 
 
 def test_a_plugin_without_an_ncclnet_table_fails(tmp_path, cudart_dir):

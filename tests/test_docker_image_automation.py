@@ -1,6 +1,7 @@
 """Flux image automation for the trainer image: the objects pass their schemas, they agree with the
 image line in base/pytorchjob and with the workflow that pushes the image, and a tag written the
 way image-automation-controller writes it survives the generator without a diff."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from generators.render.flux import FLUX_NAMESPACE, SOURCE_NAME
 from generators.core.gotools import tool
+from generators.render.flux import FLUX_NAMESPACE, SOURCE_NAME
 from generators.validation.schemas import default_crd_dir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -23,7 +24,9 @@ JOB = REPO / "base" / "pytorchjob" / "pytorchjob.yaml"
 POLICY_REF = "flux-system:fsdp-trainer"
 # A line that image-automation-controller's Setters strategy updates: a YAML scalar followed by the
 # marker comment; with no ":tag"/":name" suffix in the marker the whole image reference is replaced.
-MARKED = re.compile(r'^(?P<head>\s*(?:-\s+)?image:\s*)(?P<image>\S+)(?P<marker>\s+# \{"\$imagepolicy": "(?P<ref>[^"]+)"\})\s*$')
+MARKED = re.compile(
+    r'^(?P<head>\s*(?:-\s+)?image:\s*)(?P<image>\S+)(?P<marker>\s+# \{"\$imagepolicy": "(?P<ref>[^"]+)"\})\s*$'
+)
 
 
 def set_image(text: str, policy_ref: str, image: str) -> tuple[str, int]:
@@ -39,15 +42,24 @@ def set_image(text: str, policy_ref: str, image: str) -> tuple[str, int]:
 
 
 def build(path: Path) -> list[dict]:
-    proc = subprocess.run([tool("kustomize"), "build", "--load-restrictor=LoadRestrictionsNone", str(path)],
-                          capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [tool("kustomize"), "build", "--load-restrictor=LoadRestrictionsNone", str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return [d for d in yaml.safe_load_all(proc.stdout) if d]
 
 
 def kubeconform_crds(text: str) -> dict:
     location = f"{default_crd_dir()}/{{{{.Group}}}}/{{{{.ResourceKind}}}}_{{{{.ResourceAPIVersion}}}}.json"
-    proc = subprocess.run([tool("kubeconform"), "-strict", "-summary", "-output", "json", "-schema-location",
-                           location, "-"], input=text, capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [tool("kubeconform"), "-strict", "-summary", "-output", "json", "-schema-location", location, "-"],
+        input=text,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     return json.loads(proc.stdout)
 
 
@@ -85,9 +97,15 @@ def test_the_objects_agree_with_the_marked_image_line_and_the_flux_source(object
     assert policy["spec"]["imageRepositoryRef"]["name"] == repo_["metadata"]["name"]
     repository, _, tag = job_image().rpartition(":")
     assert repo_["spec"]["image"] == repository and repo_["spec"]["provider"] == "aws"
-    assert automation["spec"]["sourceRef"] == {"kind": "GitRepository", "name": SOURCE_NAME, "namespace": FLUX_NAMESPACE}
+    assert automation["spec"]["sourceRef"] == {
+        "kind": "GitRepository",
+        "name": SOURCE_NAME,
+        "namespace": FLUX_NAMESPACE,
+    }
     assert automation["spec"]["update"] == {"path": "./base", "strategy": "Setters"}
-    assert automation["spec"]["git"]["push"]["branch"] == automation["spec"]["git"]["checkout"]["ref"]["branch"] == "main"
+    assert (
+        automation["spec"]["git"]["push"]["branch"] == automation["spec"]["git"]["checkout"]["ref"]["branch"] == "main"
+    )
     # The committed tag is one the policy can select, and per-commit tags are not.
     pattern = re.compile(policy["spec"]["filterTags"]["pattern"])
     assert pattern.match(tag) and not pattern.match("sha-" + "0" * 40)
@@ -99,8 +117,10 @@ def test_every_trainer_image_in_git_is_marked_and_inside_the_automation_path(obj
     path = objects["ImageUpdateAutomation"]["spec"]["update"]["path"]
     repository = job_image().rpartition(":")[0]
     users = [f for f in sorted((REPO / "base").rglob("*.yaml")) if repository + ":" in f.read_text()]
-    assert {f.relative_to(REPO).as_posix() for f in users} >= {"base/pytorchjob/pytorchjob.yaml",
-                                                               "base/data-staging/job.yaml"}
+    assert {f.relative_to(REPO).as_posix() for f in users} >= {
+        "base/pytorchjob/pytorchjob.yaml",
+        "base/data-staging/job.yaml",
+    }
     for f in users:
         assert (REPO / path).resolve() in f.resolve().parents, f"{f} is outside the automation path {path}"
         lines = [line for line in f.read_text().splitlines() if repository + ":" in line]
@@ -115,8 +135,13 @@ def test_the_workflow_pushes_to_the_repository_flux_scans():
 
 @pytest.mark.slow
 def test_a_new_tag_round_trips_through_the_generator_without_a_diff(tmp_path):
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, capture_output=True,
-                           check=True).stdout.decode().split("\0")
+    files = (
+        subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, capture_output=True, check=True
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     copy = tmp_path / "repo"
     for rel in filter(None, files):
         if (REPO / rel).is_file():
@@ -148,5 +173,6 @@ def test_a_new_tag_round_trips_through_the_generator_without_a_diff(tmp_path):
     # ... and every run built from them picks up the new tag.
     run_dir = next(p.parent for p in sorted((copy / "overlays" / "runs").rglob("kustomization.yaml")))
     jobs = [d for d in build(run_dir) if d["kind"] == "PyTorchJob"]
-    assert [j["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["image"]
-            for j in jobs] == [new_image]
+    assert [j["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["image"] for j in jobs] == [
+        new_image
+    ]

@@ -1,4 +1,5 @@
 """hadolint passes on the trainer Dockerfile, and every rule it is told to ignore says why."""
+
 from __future__ import annotations
 
 import re
@@ -12,9 +13,7 @@ DOCKERFILE = REPO / "docker" / "Dockerfile"
 
 
 def hadolint(path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [tool("hadolint"), "--no-color", str(path)], capture_output=True, text=True, check=False
-    )
+    return subprocess.run([tool("hadolint"), "--no-color", str(path)], capture_output=True, text=True, check=False)
 
 
 def test_hadolint_passes():
@@ -25,9 +24,11 @@ def test_hadolint_passes():
 def test_hadolint_fails_on_a_known_violation(tmp_path):
     """The linter really runs: an unpinned base image (DL3007) in a copy is reported."""
     mutated = tmp_path / "Dockerfile"
-    mutated.write_text(DOCKERFILE.read_text().replace(
-        "ARG CUDA_IMAGE=nvidia/cuda:13.0.2-base-ubuntu24.04\n", "", 1
-    ).replace("FROM ${CUDA_IMAGE} AS python-env", "FROM ubuntu:latest AS python-env"))
+    mutated.write_text(
+        DOCKERFILE.read_text()
+        .replace("ARG CUDA_IMAGE=nvidia/cuda:13.0.2-base-ubuntu24.04\n", "", 1)
+        .replace("FROM ${CUDA_IMAGE} AS python-env", "FROM ubuntu:latest AS python-env")
+    )
     result = hadolint(mutated)
     assert result.returncode != 0 and "DL3007" in result.stdout, result.stdout
 

@@ -4,6 +4,7 @@ docker/Dockerfile installs the trainer's packages with exact pins; requirements/
 same packages for tests and CI. A pin changed in one place only must fail here, so the image
 never runs different code from what the test suite ran.
 """
+
 from __future__ import annotations
 
 import importlib.metadata as metadata
@@ -112,9 +113,7 @@ def test_a_pin_changed_only_in_the_dockerfile_fails(tmp_path):
     mutated = tmp_path / "Dockerfile"
     mutated.write_text(DOCKERFILE.read_text().replace("torch==2.11.0", "torch==2.10.0"))
     assert mutated.read_text() != DOCKERFILE.read_text(), "the mutation must change the copy"
-    assert pin_mismatches(mutated.read_text(), REQUIREMENTS) == [
-        "torch: Dockerfile pins 2.10.0, test.txt pins 2.11.0"
-    ]
+    assert pin_mismatches(mutated.read_text(), REQUIREMENTS) == ["torch: Dockerfile pins 2.10.0, test.txt pins 2.11.0"]
 
 
 def test_a_pin_changed_only_in_the_requirements_fails(tmp_path):

@@ -1,4 +1,5 @@
 """docker/verify_image.py proves which NCCL torch loads (the image build runs it; here on CPU)."""
+
 from __future__ import annotations
 
 import importlib.metadata as metadata
@@ -20,7 +21,10 @@ NCCL = metadata.version("nvidia-nccl-cu13")
 
 def verify(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, check=False,
+        [sys.executable, str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        check=False,
         env={**os.environ, **(env or {})},
     )
 

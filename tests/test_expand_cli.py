@@ -1,5 +1,6 @@
 """The expand CLI through Click's CliRunner (and once as a real process): writing, --check, --list,
 stale runs, banners, determinism, and one-line errors with exit 2 that leave --out untouched."""
+
 from __future__ import annotations
 
 import subprocess
@@ -8,10 +9,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
-from generators.expand import main
-from generators.core.writer import BANNER_PREFIX
 from matrix_support import GOOD, HEADER, REPO_ROOT, line_of, snapshot
+
+from generators.core.writer import BANNER_PREFIX
+from generators.expand import main
 
 
 def invoke(*args: str):
@@ -38,8 +39,12 @@ def test_write_creates_one_overlay_per_run_and_check_is_clean(good):
     matrix, out = good
     assert len(run_dirs(out)) == 4
     for d in (out / "runs" / "fsdp-p5").iterdir():
-        assert sorted(f.name for f in d.iterdir()) == ["kustomization.yaml", "pytorchjob.run.yaml", "rbac.yaml",
-                                                        "train.yaml"]
+        assert sorted(f.name for f in d.iterdir()) == [
+            "kustomization.yaml",
+            "pytorchjob.run.yaml",
+            "rbac.yaml",
+            "train.yaml",
+        ]
     result = invoke(str(matrix), "--out", str(out), "--check")
     assert result.exit_code == 0, result.output
     assert result.stdout == ""
@@ -78,7 +83,9 @@ def test_check_names_missing_and_stale_files(good):
     assert result.exit_code == 1
     kinds = sorted(line.split(":")[0] for line in result.stdout.splitlines())
     assert kinds.count("stale") == 8  # two removed runs x four files
-    assert any(line.startswith("missing:") and line.endswith("kustomization.yaml") for line in result.stdout.splitlines())
+    assert any(
+        line.startswith("missing:") and line.endswith("kustomization.yaml") for line in result.stdout.splitlines()
+    )
 
 
 def test_stale_run_directories_are_deleted_and_other_files_kept(good):
@@ -121,8 +128,21 @@ def test_list_prints_the_runs_and_writes_nothing(tmp_path):
     result = invoke(str(matrix), "--out", str(out), "--list")
     assert result.exit_code == 0
     lines = result.stdout.splitlines()
-    assert lines[0].split() == ["NAME", "CLUSTER", "MODEL", "INSTANCE", "TYPE", "NODES", "GPUS/NODE", "WORLD", "SHARDING",
-                                 "ACT.", "CKPT", "EST.", "GIB/GPU"]
+    assert lines[0].split() == [
+        "NAME",
+        "CLUSTER",
+        "MODEL",
+        "INSTANCE",
+        "TYPE",
+        "NODES",
+        "GPUS/NODE",
+        "WORLD",
+        "SHARDING",
+        "ACT.",
+        "CKPT",
+        "EST.",
+        "GIB/GPU",
+    ]
     assert len(lines) == 5
     assert lines[4].split()[1:8] == ["fsdp-p5", "llama2-13b", "p5.48xlarge", "2", "8", "16", "FULL_SHARD"]
     assert lines[4].split()[8] in ("none", "selective", "full")  # `auto` is resolved per run
@@ -137,8 +157,13 @@ def test_the_committed_overlays_match_the_seed_matrix():
 
 def test_runs_as_a_script_from_another_directory_without_importing_torch(tmp_path):
     script = REPO_ROOT / "generators" / "expand.py"
-    out = subprocess.run([sys.executable, "-X", "importtime", str(script), str(REPO_ROOT / "matrix.yaml"), "--list"],
-                         cwd=tmp_path, capture_output=True, text=True, check=False)
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", str(script), str(REPO_ROOT / "matrix.yaml"), "--list"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr
     assert len(out.stdout.splitlines()) == 31
     imported = {line.rsplit("|", 1)[1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
@@ -155,29 +180,61 @@ BAD_CASES = {
     "empty-file": ("", None, "(top level)"),
     "top-level-list": ("- fsdp\n- gitops\n", "- fsdp", "(top level)"),
     "duplicate-top-level": (GOOD + "axes: {nodes: [4]}\n", "axes: {nodes: [4]}", "axes"),
-    "duplicate-nested": (GOOD.replace("  cluster: fsdp-p5\n", "  cluster: fsdp-p5\n  cluster: fsdp-p5\n"),
-                         None, "defaults.cluster"),
+    "duplicate-nested": (
+        GOOD.replace("  cluster: fsdp-p5\n", "  cluster: fsdp-p5\n  cluster: fsdp-p5\n"),
+        None,
+        "defaults.cluster",
+    ),
     "anchor": (GOOD.replace("defaults:", "defaults: &d"), "defaults: &d", "defaults"),
     "alias": (GOOD + "include:\n  - *d\n", "*d", "include[0]"),
     "unknown-top-level": (GOOD + "excludes: []\n", "excludes:", "excludes"),
-    "unknown-run-field": (GOOD.replace("  cluster: fsdp-p5\n", "  cluster: fsdp-p5\n  node: 1\n"), "node: 1", "defaults.node"),
+    "unknown-run-field": (
+        GOOD.replace("  cluster: fsdp-p5\n", "  cluster: fsdp-p5\n  node: 1\n"),
+        "node: 1",
+        "defaults.node",
+    ),
     "unknown-trainer-key": (GOOD.replace("      path:", "      paht:"), "paht:", "defaults.trainer.data.paht"),
-    "unknown-cluster-key": (GOOD.replace("    region: us-west-2", "    zone: us-west-2"), "zone:", "clusters.fsdp-p5.zone"),
+    "unknown-cluster-key": (
+        GOOD.replace("    region: us-west-2", "    zone: us-west-2"),
+        "zone:",
+        "clusters.fsdp-p5.zone",
+    ),
     "wrong-type": (GOOD.replace("nodes: [1, 2]", "nodes: [1, '2']"), "nodes: [1, '2']", "axes.nodes[1]"),
-    "wrong-trainer-type": (GOOD.replace("nodes: [1, 2]", "nodes: [1, 2]\n  trainer.training.num_epochs: [five]"),
-                           "num_epochs: [five]", "axes.trainer.training.num_epochs[0]"),
+    "wrong-trainer-type": (
+        GOOD.replace("nodes: [1, 2]", "nodes: [1, 2]\n  trainer.training.num_epochs: [five]"),
+        "num_epochs: [five]",
+        "axes.trainer.training.num_epochs[0]",
+    ),
     "unknown-model": (GOOD.replace("llama2-13b]", "llama2-130b]"), "llama2-130b]", "axes.model[1]"),
-    "unknown-instance-type": (GOOD.replace("  cluster: fsdp-p5\n", "  cluster: fsdp-p5\n  instance_type: p5.xlarge\n"),
-                              "instance_type: p5.xlarge", "defaults.instance_type"),
-    "unknown-cluster": (GOOD.replace("  cluster: fsdp-p5\n", "  cluster: fsdp-p9\n"), "cluster: fsdp-p9", "defaults.cluster"),
+    "unknown-instance-type": (
+        GOOD.replace("  cluster: fsdp-p5\n", "  cluster: fsdp-p5\n  instance_type: p5.xlarge\n"),
+        "instance_type: p5.xlarge",
+        "defaults.instance_type",
+    ),
+    "unknown-cluster": (
+        GOOD.replace("  cluster: fsdp-p5\n", "  cluster: fsdp-p9\n"),
+        "cluster: fsdp-p9",
+        "defaults.cluster",
+    ),
     "nodes-below-1": (GOOD.replace("nodes: [1, 2]", "nodes: [0, 2]"), "nodes: [0, 2]", "axes.nodes[0]"),
-    "gpus-above-instance": (GOOD.replace("  cluster: fsdp-p5\n", "  cluster: fsdp-p5\n  gpus_per_node: 9\n"),
-                            "gpus_per_node: 9", "defaults.gpus_per_node"),
-    "hybrid-group": (GOOD.replace("nodes: [1, 2]", "nodes: [1, 2]\n  trainer.parallelism:\n"
-                                  "    - {sharding_strategy: HYBRID_SHARD, shard_group_size: 16}"),
-                     "shard_group_size: 16", "axes.trainer.parallelism[0].shard_group_size"),
-    "same-name-twice": (GOOD + "include:\n  - {model: llama2-13b, nodes: 1}\n", "- {model: llama2-13b, nodes: 1}",
-                        "include[0]"),
+    "gpus-above-instance": (
+        GOOD.replace("  cluster: fsdp-p5\n", "  cluster: fsdp-p5\n  gpus_per_node: 9\n"),
+        "gpus_per_node: 9",
+        "defaults.gpus_per_node",
+    ),
+    "hybrid-group": (
+        GOOD.replace(
+            "nodes: [1, 2]",
+            "nodes: [1, 2]\n  trainer.parallelism:\n    - {sharding_strategy: HYBRID_SHARD, shard_group_size: 16}",
+        ),
+        "shard_group_size: 16",
+        "axes.trainer.parallelism[0].shard_group_size",
+    ),
+    "same-name-twice": (
+        GOOD + "include:\n  - {model: llama2-13b, nodes: 1}\n",
+        "- {model: llama2-13b, nodes: 1}",
+        "include[0]",
+    ),
     "does-not-fit": (GOOD.replace("llama2-13b]", "llama2-70b]"), "nodes: [1, 2]", "axes.nodes[0]"),
 }
 
@@ -222,7 +279,10 @@ def test_out_pointing_at_a_file_is_a_usage_error(tmp_path):
 def test_missing_matrix_file_and_conflicting_options(tmp_path):
     result = invoke(str(tmp_path / "nope.yaml"), "--out", str(tmp_path / "o"))
     assert result.exit_code == 2
-    assert result.stderr == f"error: {tmp_path / 'nope.yaml'}: MATRIX: file not found; fix: pass the path of an existing matrix file, e.g. matrix.yaml\n"
+    assert (
+        result.stderr
+        == f"error: {tmp_path / 'nope.yaml'}: MATRIX: file not found; fix: pass the path of an existing matrix file, e.g. matrix.yaml\n"
+    )
     matrix = tmp_path / "m.yaml"
     matrix.write_text(HEADER)
     result = invoke(str(matrix), "--check", "--list")

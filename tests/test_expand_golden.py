@@ -4,6 +4,7 @@ and every golden overlay builds with the real kustomize into the PyTorchJob the 
 Regenerate after an intended change: UPDATE_GOLDEN=1 python -m pytest tests/test_expand_golden.py
 (and review the diff of tests/golden/ like any other change).
 """
+
 from __future__ import annotations
 
 import functools
@@ -14,13 +15,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from matrix_support import REPO_ROOT
 
 from generators.core import outdir, writer
 from generators.core.gotools import tool
 from generators.matrix import expand, load
 from generators.plan import plan
 from generators.render import layout_for, render
-from matrix_support import REPO_ROOT
 
 MATRIX = REPO_ROOT / "tests" / "data" / "matrix-golden.yaml"
 GOLDEN = REPO_ROOT / "tests" / "golden" / "expand"
@@ -41,11 +42,12 @@ def test_golden_overlays_match():
     changes = outdir.compare(GOLDEN, expected, generator=writer.GENERATOR, banner=writer.banner_prefix().encode())
     assert not changes.all(), (
         f"golden overlays differ: {changes.all()}; if the change is intended run: "
-        "UPDATE_GOLDEN=1 python -m pytest tests/test_expand_golden.py")
+        "UPDATE_GOLDEN=1 python -m pytest tests/test_expand_golden.py"
+    )
     assert len(expected) == 4 * 4  # kustomization, patch, train.yaml, rbac.yaml per run
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _build_text(overlay: Path) -> str:
     out = subprocess.run([tool("kustomize"), "build", str(overlay)], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr
@@ -90,7 +92,11 @@ def test_every_golden_overlay_builds_into_the_run_it_describes():
         c = container(job)
         f = flags(c["command"])
         assert job["metadata"]["name"] == name and cm["metadata"]["name"] == f"{name}-config"
-        assert job["metadata"]["namespace"] == cm["metadata"]["namespace"] == ("golden" if cluster == "golden-p4" else "fsdp")
+        assert (
+            job["metadata"]["namespace"]
+            == cm["metadata"]["namespace"]
+            == ("golden" if cluster == "golden-p4" else "fsdp")
+        )
         assert worker["template"]["metadata"]["labels"]["fsdp-gitops/run"] == name
         assert worker["replicas"] == int(f["nnodes"])
         gpus = c["resources"]["limits"]["nvidia.com/gpu"]
@@ -115,10 +121,15 @@ def test_every_golden_overlay_builds_into_the_run_it_describes():
         docs = {d["kind"]: d for d in build(overlay)}
         assert pod["serviceAccountName"] == docs["ServiceAccount"]["metadata"]["name"] == name
         (rule,) = docs["Role"]["rules"]
-        assert rule == {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"],
-                        "resourceNames": [f"{name}-worker-{i}" for i in range(worker["replicas"])]}
-        assert docs["RoleBinding"]["subjects"] == [{"kind": "ServiceAccount", "name": name,
-                                                    "namespace": job["metadata"]["namespace"]}]
+        assert rule == {
+            "apiGroups": [""],
+            "resources": ["pods"],
+            "verbs": ["patch"],
+            "resourceNames": [f"{name}-worker-{i}" for i in range(worker["replicas"])],
+        }
+        assert docs["RoleBinding"]["subjects"] == [
+            {"kind": "ServiceAccount", "name": name, "namespace": job["metadata"]["namespace"]}
+        ]
         assert docs["RoleBinding"]["roleRef"]["name"] == docs["Role"]["metadata"]["name"]
         assert env["FSDP_POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}  # turns progress on
 
@@ -136,14 +147,18 @@ def test_golden_overlays_carry_each_branch():
     assert (f["rdzv-backend"], f["rdzv-endpoint"]) == ("c10d", f"{job['metadata']['name']}-worker-0:29400")
     assert c["resources"]["limits"] == {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 32}
     assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["nodeSelector"] == {
-        "node.kubernetes.io/instance-type": "p5.48xlarge"}
+        "node.kubernetes.io/instance-type": "p5.48xlarge"
+    }
     assert [p["name"] for p in c["ports"]] == ["c10d", "metrics"]
 
     job, cfg = by_model["llama3.1-8b"]
     c = container(job)
     f = flags(c["command"])
     assert (f["rdzv-backend"], f["rdzv-endpoint"], f["rdzv-conf"]) == (
-        "etcd", "etcd.fsdp-system.svc.cluster.local:2379", "timeout=1800")
+        "etcd",
+        "etcd.fsdp-system.svc.cluster.local:2379",
+        "timeout=1800",
+    )
     assert c["resources"]["limits"]["vpc.amazonaws.com/efa"] == 16
     assert cfg["parallelism"] == {**cfg["parallelism"], "sharding_strategy": "HYBRID_SHARD", "shard_group_size": 16}
 
@@ -166,9 +181,17 @@ def test_golden_pytorchjobs_pass_the_pytorchjob_schema():
     crds = Path(os.environ.get("FSDP_GITOPS_CRD_SCHEMAS", REPO_ROOT.parent / "shared" / "schemas" / "crds"))
     schema = crds / "kubeflow.org" / "pytorchjob_v1.json"
     assert schema.is_file(), f"PyTorchJob schema missing at {schema}; set FSDP_GITOPS_CRD_SCHEMAS"
-    docs = "---\n".join(yaml.safe_dump(d) for overlay in golden_runs() for d in build(overlay) if d["kind"] == "PyTorchJob")
-    cmd = [tool("kubeconform"), "-strict", "-summary", "-schema-location",
-           str(crds) + "/{{.Group}}/{{.ResourceKind}}_{{.ResourceAPIVersion}}.json", "-"]
+    docs = "---\n".join(
+        yaml.safe_dump(d) for overlay in golden_runs() for d in build(overlay) if d["kind"] == "PyTorchJob"
+    )
+    cmd = [
+        tool("kubeconform"),
+        "-strict",
+        "-summary",
+        "-schema-location",
+        str(crds) + "/{{.Group}}/{{.ResourceKind}}_{{.ResourceAPIVersion}}.json",
+        "-",
+    ]
     out = subprocess.run(cmd, input=docs, capture_output=True, text=True, check=False)
     assert out.returncode == 0, f"{shlex.join(cmd)}\n{out.stdout}{out.stderr}"
     assert "Valid: 4, Invalid: 0, Errors: 0, Skipped: 0" in out.stdout
@@ -188,7 +211,9 @@ def test_a_reordered_base_fails_the_build_instead_of_patching_the_wrong_volume(t
     copy = tmp_path / "runs" / "c" / overlay.name
     copy.mkdir(parents=True)
     for f in overlay.iterdir():
-        (copy / f.name).write_text(f.read_text().replace("../../../../../../base/pytorchjob", "../../../base/pytorchjob"))
+        (copy / f.name).write_text(
+            f.read_text().replace("../../../../../../base/pytorchjob", "../../../base/pytorchjob")
+        )
     out = subprocess.run([tool("kustomize"), "build", str(copy)], capture_output=True, text=True, check=False)
     assert out.returncode != 0
     assert "test" in out.stderr.lower()

@@ -3,6 +3,7 @@ modules) without a circle, no module is over 600 lines, nothing below the comman
 edits sys.path, no name directly in generators/ hides an installed module (`python
 generators/expand.py` puts that folder first on sys.path), and expand's command reads as its data flow.
 """
+
 from __future__ import annotations
 
 import ast
@@ -74,8 +75,9 @@ def test_imports_run_one_way_without_a_circle():
                 raise AssertionError(f"{name} imports the command {target}")
         trainer_imports = {t for t in targets if t.startswith("trainer")}
         for t in trainer_imports:
-            assert t.split(".")[:2] in (["trainer", m] for m in ("catalog", "config", "memory")), \
+            assert t.split(".")[:2] in (["trainer", m] for m in ("catalog", "config", "memory")), (
                 f"{name} imports {t}, not one of the trainer's pure modules"
+            )
     # No circle between modules (a package's __init__ counts as a module).
     state: dict[str, int] = {}
 
@@ -111,10 +113,11 @@ def test_no_module_is_long_no_exit_below_the_commands_and_no_sys_path_edit():
 
 
 def test_no_name_directly_in_generators_hides_an_installed_module(tmp_path):
-    names = sorted({p.stem for p in GENERATORS.glob("*.py") if p.stem != "__init__"}
-                   | {p.name for p in GENERATORS.iterdir() if p.is_dir() and (p / "__init__.py").exists()})
-    code = ("import importlib.util, sys\n"
-            f"print([n for n in {names!r} if importlib.util.find_spec(n) is not None])")
+    names = sorted(
+        {p.stem for p in GENERATORS.glob("*.py") if p.stem != "__init__"}
+        | {p.name for p in GENERATORS.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    )
+    code = f"import importlib.util, sys\nprint([n for n in {names!r} if importlib.util.find_spec(n) is not None])"
     # From an empty directory, so only installed modules can be found.
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", f"these names would hide installed modules: {out.stdout}"
@@ -124,7 +127,15 @@ def test_expand_reads_as_its_data_flow():
     """load -> expand -> plan -> render -> serialize -> sync, each a call whose result is typed."""
     tree = ast.parse((GENERATORS / "expand.py").read_text())
     main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
-    typed_calls = [n.value.func.id if isinstance(n.value.func, ast.Name) else n.value.func.attr
-                   for n in main.body if isinstance(n, ast.AnnAssign) and isinstance(n.value, ast.Call)]
-    assert [c for c in typed_calls if c in ("load", "expand", "plan", "render", "serialize")] == \
-        ["load", "expand", "plan", "render", "serialize"]
+    typed_calls = [
+        n.value.func.id if isinstance(n.value.func, ast.Name) else n.value.func.attr
+        for n in main.body
+        if isinstance(n, ast.AnnAssign) and isinstance(n.value, ast.Call)
+    ]
+    assert [c for c in typed_calls if c in ("load", "expand", "plan", "render", "serialize")] == [
+        "load",
+        "expand",
+        "plan",
+        "render",
+        "serialize",
+    ]

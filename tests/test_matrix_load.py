@@ -1,11 +1,12 @@
 """Strict matrix loading: every bad input is a InputError naming the file, the line, the key and a fix."""
+
 from __future__ import annotations
 
 import pytest
+from matrix_support import GOOD, HEADER, RUNS, line_of, load
 
 from generators.core.errors import InputError
 from generators.matrix.schema import trainer_schema
-from matrix_support import GOOD, HEADER, RUNS, line_of, load
 
 
 def error_of(text: str) -> InputError:
@@ -24,9 +25,18 @@ def test_good_matrix_loads_with_clusters_repository_and_defaults():
     assert list(m.clusters) == ["fsdp-p5", "fsdp-mixed"]
     p5 = m.clusters["fsdp-p5"]
     assert (p5.namespace, p5.instance_types, p5.region, p5.availability_zones) == (
-        "fsdp", ("p5.48xlarge",), "us-west-2", ("us-west-2a",))
+        "fsdp",
+        ("p5.48xlarge",),
+        "us-west-2",
+        ("us-west-2a",),
+    )
     # Documented defaults of optional cluster fields.
-    assert (p5.capacity_reservation_ids, p5.volume_size_gib, p5.kubernetes_version, p5.max_nodes) == ((), 500, "1.33", 16)
+    assert (p5.capacity_reservation_ids, p5.volume_size_gib, p5.kubernetes_version, p5.max_nodes) == (
+        (),
+        500,
+        "1.33",
+        16,
+    )
     assert m.clusters["fsdp-mixed"].namespace == "research"
     assert [a.path for a in m.axes] == ["model", "nodes"]
 
@@ -66,14 +76,20 @@ def test_duplicate_top_level_key():
 
 
 def test_duplicate_nested_key_names_its_path():
-    text = HEADER + "defaults:\n  cluster: fsdp-p5\n  trainer:\n    training:\n      lr: 1.0e-5\n      lr: 2.0e-5\naxes:\n  nodes: [1]\n"
+    text = (
+        HEADER
+        + "defaults:\n  cluster: fsdp-p5\n  trainer:\n    training:\n      lr: 1.0e-5\n      lr: 2.0e-5\naxes:\n  nodes: [1]\n"
+    )
     err = error_of(text)
     assert err.key == "defaults.trainer.training.lr"
     assert err.line == line_of(text, "lr: 2.0e-5")
 
 
 def test_dotted_and_nested_spelling_of_one_key_is_a_duplicate():
-    text = HEADER + "defaults:\n  trainer:\n    training: {lr: 1.0e-5}\n  trainer.training.lr: 2.0e-5\naxes:\n  nodes: [1]\n"
+    text = (
+        HEADER
+        + "defaults:\n  trainer:\n    training: {lr: 1.0e-5}\n  trainer.training.lr: 2.0e-5\naxes:\n  nodes: [1]\n"
+    )
     err = error_of(text)
     assert err.key == "defaults.trainer.training.lr"
     assert err.line == line_of(text, "trainer.training.lr: 2.0e-5")
@@ -108,16 +124,33 @@ def test_non_string_key_is_rejected():
     assert err.line == line_of(text, "on: 1")
 
 
-@pytest.mark.parametrize("text, needle, key, hint", [
-    (GOOD + "axis: {}\n", "axis:", "axis", "did you mean 'axes'"),
-    (GOOD.replace("  nodes: [1, 2]", "  nodes: [1, 2]\n  nodez: [3]"), "nodez", "axes.nodez", "nodes"),
-    (GOOD.replace("  cluster: fsdp-p5\n", "  cluster: fsdp-p5\n  gpus: 4\n"), "gpus: 4", "defaults.gpus", "gpus_per_node"),
-    (GOOD.replace("      path: /shared", "      pathh: /shared"), "pathh", "defaults.trainer.data.pathh", "'path'"),
-    (GOOD.replace("    region: us-west-2", "    regoin: us-west-2"), "regoin", "clusters.fsdp-p5.regoin", "'region'"),
-    (GOOD.replace("  branch: main", "  branch: main\n  path: x"), "path: x", "repository.path", "branch, url"),
-    (GOOD + "include:\n  - {model: llama2-7b, nodes: 4, trainer: {training: {lrate: 1.0e-4}}}\n",
-     "lrate", "include[0].trainer.training.lrate", " lr,"),
-])
+@pytest.mark.parametrize(
+    "text, needle, key, hint",
+    [
+        (GOOD + "axis: {}\n", "axis:", "axis", "did you mean 'axes'"),
+        (GOOD.replace("  nodes: [1, 2]", "  nodes: [1, 2]\n  nodez: [3]"), "nodez", "axes.nodez", "nodes"),
+        (
+            GOOD.replace("  cluster: fsdp-p5\n", "  cluster: fsdp-p5\n  gpus: 4\n"),
+            "gpus: 4",
+            "defaults.gpus",
+            "gpus_per_node",
+        ),
+        (GOOD.replace("      path: /shared", "      pathh: /shared"), "pathh", "defaults.trainer.data.pathh", "'path'"),
+        (
+            GOOD.replace("    region: us-west-2", "    regoin: us-west-2"),
+            "regoin",
+            "clusters.fsdp-p5.regoin",
+            "'region'",
+        ),
+        (GOOD.replace("  branch: main", "  branch: main\n  path: x"), "path: x", "repository.path", "branch, url"),
+        (
+            GOOD + "include:\n  - {model: llama2-7b, nodes: 4, trainer: {training: {lrate: 1.0e-4}}}\n",
+            "lrate",
+            "include[0].trainer.training.lrate",
+            " lr,",
+        ),
+    ],
+)
 def test_unknown_keys_at_every_level(text, needle, key, hint):
     err = error_of(text)
     assert (err.key, err.line) == (key, line_of(text, needle))
@@ -125,15 +158,25 @@ def test_unknown_keys_at_every_level(text, needle, key, hint):
     assert hint in err.fix
 
 
-@pytest.mark.parametrize("replace, key, word", [
-    (("nodes: [1, 2]", "nodes: [1, two]"), "axes.nodes[1]", "an integer"),
-    (("  cluster: fsdp-p5\n", "  cluster: fsdp-p5\n  rev: 1.5\n"), "defaults.rev", "an integer"),
-    (("  cluster: fsdp-p5\n", "  cluster: [fsdp-p5]\n"), "defaults.cluster", "single value"),
-    (("    instance_types: [p5.48xlarge]", "    instance_types: p5.48xlarge"), "clusters.fsdp-p5.instance_types", "a list"),
-    (("  fsdp-p5:\n    region: us-west-2", "  fsdp-p5:\n    kubernetes_version: 1.33\n    region: us-west-2"),
-     "clusters.fsdp-p5.kubernetes_version", "a string"),
-    (("  cluster: fsdp-p5\n", "  cluster: fsdp-p5\n  rdzv_backend: true\n"), "defaults.rdzv_backend", "a string"),
-])
+@pytest.mark.parametrize(
+    "replace, key, word",
+    [
+        (("nodes: [1, 2]", "nodes: [1, two]"), "axes.nodes[1]", "an integer"),
+        (("  cluster: fsdp-p5\n", "  cluster: fsdp-p5\n  rev: 1.5\n"), "defaults.rev", "an integer"),
+        (("  cluster: fsdp-p5\n", "  cluster: [fsdp-p5]\n"), "defaults.cluster", "single value"),
+        (
+            ("    instance_types: [p5.48xlarge]", "    instance_types: p5.48xlarge"),
+            "clusters.fsdp-p5.instance_types",
+            "a list",
+        ),
+        (
+            ("  fsdp-p5:\n    region: us-west-2", "  fsdp-p5:\n    kubernetes_version: 1.33\n    region: us-west-2"),
+            "clusters.fsdp-p5.kubernetes_version",
+            "a string",
+        ),
+        (("  cluster: fsdp-p5\n", "  cluster: fsdp-p5\n  rdzv_backend: true\n"), "defaults.rdzv_backend", "a string"),
+    ],
+)
 def test_wrong_types(replace, key, word):
     text = GOOD.replace(*replace)
     assert text != GOOD
@@ -143,18 +186,31 @@ def test_wrong_types(replace, key, word):
 
 
 def test_unquoted_kubernetes_version_gets_a_quoting_fix():
-    text = GOOD.replace("    region: us-west-2", '    kubernetes_version: 1.33\n    region: us-west-2')
+    text = GOOD.replace("    region: us-west-2", "    kubernetes_version: 1.33\n    region: us-west-2")
     assert error_of(text).fix == 'quote it: kubernetes_version: "1.33"'
 
 
-@pytest.mark.parametrize("replace, key, what", [
-    (("model: [llama2-7b, llama2-13b]", "model: [llama2-7b, llama-9b]"), "axes.model[1]", "unknown model 'llama-9b'"),
-    (("  cluster: fsdp-p5\n", "  cluster: fsdp-p6\n"), "defaults.cluster", "unknown cluster 'fsdp-p6'"),
-    (("  cluster: fsdp-p5\n", "  cluster: fsdp-p5\n  instance_type: p6.48xlarge\n"), "defaults.instance_type",
-     "unknown instance type 'p6.48xlarge'"),
-    (("instance_types: [p5.48xlarge]", "instance_types: [p5.4xlarge]"), "clusters.fsdp-p5.instance_types[0]",
-     "unknown instance type"),
-])
+@pytest.mark.parametrize(
+    "replace, key, what",
+    [
+        (
+            ("model: [llama2-7b, llama2-13b]", "model: [llama2-7b, llama-9b]"),
+            "axes.model[1]",
+            "unknown model 'llama-9b'",
+        ),
+        (("  cluster: fsdp-p5\n", "  cluster: fsdp-p6\n"), "defaults.cluster", "unknown cluster 'fsdp-p6'"),
+        (
+            ("  cluster: fsdp-p5\n", "  cluster: fsdp-p5\n  instance_type: p6.48xlarge\n"),
+            "defaults.instance_type",
+            "unknown instance type 'p6.48xlarge'",
+        ),
+        (
+            ("instance_types: [p5.48xlarge]", "instance_types: [p5.4xlarge]"),
+            "clusters.fsdp-p5.instance_types[0]",
+            "unknown instance type",
+        ),
+    ],
+)
 def test_unknown_model_instance_type_and_cluster(replace, key, what):
     text = GOOD.replace(*replace)
     err = error_of(text)

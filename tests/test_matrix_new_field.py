@@ -2,6 +2,7 @@
 copy of the generators with exactly those two edits, the matrix accepts, checks and expands the field,
 the run's name changes with it (the configuration hash covers every run field), and the overlay
 carries it."""
+
 from __future__ import annotations
 
 import os
@@ -12,17 +13,19 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from matrix_support import GOOD, REPO_ROOT
 
-FIELD = '''    name: str = run_field("")
+FIELD = """    name: str = run_field("")
     # PriorityClass of the job's pods; "" for the cluster's default.
     priority_class: str = run_field("")
-'''
+"""
 ANCHOR = '        {"op": "replace", "path": f"{_CONTAINER}/command", "value": torchrun_command(p)},\n'
-USE = ANCHOR + '''        *([{"op": "add", "path": f"{_POD}/priorityClassName", "value": p.run.priority_class}]
+USE = (
+    ANCHOR
+    + """        *([{"op": "add", "path": f"{_POD}/priorityClassName", "value": p.run.priority_class}]
           if p.run.priority_class else []),
-'''
+"""
+)
 
 
 def edited_copy(root: Path) -> Path:
@@ -44,8 +47,13 @@ def edited_copy(root: Path) -> Path:
 def expand(root: Path, matrix_text: str) -> subprocess.CompletedProcess:
     (root / "m.yaml").write_text(matrix_text)
     env = {**os.environ, "PYTHONPATH": str(root)}
-    return subprocess.run([sys.executable, str(root / "generators/expand.py"), str(root / "m.yaml"),
-                           "--out", str(root / "overlays")], capture_output=True, text=True, env=env, check=False)
+    return subprocess.run(
+        [sys.executable, str(root / "generators/expand.py"), str(root / "m.yaml"), "--out", str(root / "overlays")],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
 
 
 @pytest.mark.slow
@@ -62,8 +70,11 @@ def test_a_new_run_field_is_one_schema_line_plus_its_use(tmp_path):
     assert len(runs) == 4 and not names & {p.name for p in runs}  # new configuration, new names
     for run in runs:
         ops = yaml.safe_load((run / "pytorchjob.run.yaml").read_text())
-        assert {"op": "add", "path": "/spec/pytorchReplicaSpecs/Worker/template/spec/priorityClassName",
-                "value": "gpu-high"} in ops
+        assert {
+            "op": "add",
+            "path": "/spec/pytorchReplicaSpecs/Worker/template/spec/priorityClassName",
+            "value": "gpu-high",
+        } in ops
 
     bad = expand(root, GOOD.replace("  cluster: fsdp-p5\n", "  cluster: fsdp-p5\n  priority_class: 3\n"))
     assert bad.returncode == 2

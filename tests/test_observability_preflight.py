@@ -1,6 +1,7 @@
 """The per-cluster NCCL pre-flight Jobs the generator writes (generators/render/preflight.py over
 base/preflight): one per GPU instance type, built with the real kustomize, matching the instance
 catalog, the pre-flight program's command line and the alert that watches them."""
+
 from __future__ import annotations
 
 import re
@@ -9,11 +10,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from matrix_support import REPO_ROOT, cluster_plans
 
 from generators.core.gotools import tool
 from generators.render.layout import layout_for
 from generators.render.preflight import MIN_BUSBW_FRACTION, render_preflight
-from matrix_support import REPO_ROOT, cluster_plans
 from trainer.catalog import INSTANCE_TYPES
 from trainer.preflight import _parse_args
 
@@ -56,8 +57,11 @@ def built(tmp_path_factory) -> dict[str, dict[str, dict]]:
         for path, doc in files.items():
             if Path(path).parent == d.relative_to(out):
                 (d / Path(path).name).write_text(yaml.safe_dump(list(doc.ops) if hasattr(doc, "ops") else doc))
-        proc = subprocess.run([tool("kustomize"), "build", "--load-restrictor=LoadRestrictionsNone", str(d)],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [tool("kustomize"), "build", "--load-restrictor=LoadRestrictionsNone", str(d)],
+            capture_output=True,
+            text=True,
+        )
         assert proc.returncode == 0, proc.stderr
         result[type_name] = {doc["kind"]: doc for doc in yaml.safe_load_all(proc.stdout) if doc}
     return result
@@ -74,7 +78,11 @@ def test_one_job_per_instance_type_with_the_catalog_resources(built):
         assert job["metadata"]["namespace"] == svc["metadata"]["namespace"] == "research"
         spec, pod = job["spec"], job["spec"]["template"]["spec"]
         assert (spec["completionMode"], spec["completions"], spec["parallelism"], spec["backoffLimit"]) == (
-            "Indexed", 2, 2, 0)
+            "Indexed",
+            2,
+            2,
+            0,
+        )
         assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": type_name}
         (c,) = pod["containers"]
         want = {"nvidia.com/gpu": instance.num_gpus, "vpc.amazonaws.com/efa": instance.num_efa}
@@ -102,7 +110,7 @@ def test_command_is_the_preflight_program_with_the_catalog_minimum(built):
         assert f"--rdzv-endpoint={name}-0.{name}:29400" in cmd
         module = cmd.index("trainer.preflight")
         assert cmd[module - 1] == "-m"
-        args = _parse_args(cmd[module + 1:])  # the program accepts exactly these arguments
+        args = _parse_args(cmd[module + 1 :])  # the program accepts exactly these arguments
         assert args.expect_transport == "efa"
         assert args.min_busbw_gbs == pytest.approx(MIN_BUSBW_FRACTION * instance.network_gbps / 8)
         assert args.min_busbw_gbs > 0
@@ -111,8 +119,9 @@ def test_command_is_the_preflight_program_with_the_catalog_minimum(built):
 def test_the_alert_watches_the_generated_job_names():
     (plan,) = cluster_plans(MATRIX)
     files = render_preflight(plan.cluster, layout_for(REPO_ROOT / "overlays", REPO_ROOT))
-    names = {op["value"] for doc in files.values() if hasattr(doc, "ops") for op in doc.ops
-             if op["path"] == "/metadata/name"}
+    names = {
+        op["value"] for doc in files.values() if hasattr(doc, "ops") for op in doc.ops if op["path"] == "/metadata/name"
+    }
     assert names == {"fsdp-preflight-p4d", "fsdp-preflight-p5en"}
     rules = [r for g in yaml.safe_load(RULES.read_text())["spec"]["groups"] for r in g["rules"]]
     (rule,) = [r for r in rules if r.get("alert") == "FsdpNcclPreflightFailed"]

@@ -6,6 +6,7 @@ with openssl, as the cluster harness makes the API server's), which records ever
 answers as told: 200, an error status, or nothing at all (a hung connection). The trainer runs under
 real torchrun on CPU with the in-cluster environment pointed at it, or at a port nobody listens on.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,17 +18,23 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from trainer_support import REPO_ROOT, finish, output_overrides, read_metrics, torchrun_cmd, trainer_env
 
 from trainer.progress import ProgressPublisher, annotations, format_eta
-from trainer_support import REPO_ROOT, finish, output_overrides, read_metrics, torchrun_cmd, trainer_env
 
 TOKEN = "sa-token-of-the-run"
 POD = "tiny-run-worker-0"
 NAMESPACE = "fsdp"
 STEPS = 12
 
-RECORD = {"step": 120, "data_epoch": 1, "loss": 1.23456, "tokens_per_s": 45210.4, "step_time_s": 2.5,
-          "time": 1796070000.0}
+RECORD = {
+    "step": 120,
+    "data_epoch": 1,
+    "loss": 1.23456,
+    "tokens_per_s": 45210.4,
+    "step_time_s": 2.5,
+    "time": 1796070000.0,
+}
 
 
 def test_annotations_carry_step_epoch_loss_throughput_and_eta():
@@ -63,9 +70,29 @@ class FakeAPI:
         self.requests: list[dict] = []
         self.replies = list(replies)
         self.release = threading.Event()
-        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "api.key",
-                        "-out", "ca.crt", "-days", "1", "-subj", "/CN=fake-api",
-                        "-addext", "subjectAltName=IP:127.0.0.1"], cwd=workdir, check=True, capture_output=True)
+        subprocess.run(
+            [
+                "openssl",
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                "api.key",
+                "-out",
+                "ca.crt",
+                "-days",
+                "1",
+                "-subj",
+                "/CN=fake-api",
+                "-addext",
+                "subjectAltName=IP:127.0.0.1",
+            ],
+            cwd=workdir,
+            check=True,
+            capture_output=True,
+        )
         api = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -110,8 +137,13 @@ def serviceaccount_dir(tmp_path: Path, ca: Path | None = None) -> Path:
 
 
 def in_cluster_env(sa: Path, port: int, interval_s: float) -> dict[str, str]:
-    return {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(port), "FSDP_POD_NAME": POD,
-            "FSDP_SERVICEACCOUNT_DIR": str(sa), "FSDP_PROGRESS_INTERVAL_S": str(interval_s)}
+    return {
+        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+        "KUBERNETES_SERVICE_PORT": str(port),
+        "FSDP_POD_NAME": POD,
+        "FSDP_SERVICEACCOUNT_DIR": str(sa),
+        "FSDP_PROGRESS_INTERVAL_S": str(interval_s),
+    }
 
 
 @pytest.fixture
@@ -142,8 +174,15 @@ def test_publisher_patches_its_pod_with_the_token_and_is_rate_limited(tmp_path, 
 def run_trainer(tmp_path: Path, env: dict[str, str]) -> tuple[subprocess.CompletedProcess, list[dict]]:
     out = tmp_path / "run"
     cmd = torchrun_cmd([*output_overrides(out), f"training.max_steps={STEPS}", "checkpoint.interval_steps=1000"])
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=trainer_env(**env), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO_ROOT,
+        env=trainer_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     log = finish(proc)
     assert proc.returncode == 0, log[-4000:]
     return log, read_metrics(out)
@@ -182,23 +221,38 @@ def test_training_finishes_when_the_api_errors_and_hangs(tmp_path):
 def test_annotations_appear_on_a_real_api_server_with_rbac_that_allows_only_that(tmp_path):
     """The run's generated RBAC on a real kube-apiserver (tools/cluster/harness.py): its token may
     patch the run's own pods and nothing else, and the trainer's annotations land on its pod."""
-    from generators.render.runs import progress_rbac
     from matrix_support import GOOD, plans
+
+    from generators.render.runs import progress_rbac
     from tools.cluster.harness import Cluster, tool_path
 
     p = next(p for p in plans(GOOD) if p.nodes == 2)
     ns, pod = p.namespace, f"{p.name}-worker-0"
 
     def bare_pod(name: str) -> dict:
-        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
-                "spec": {"serviceAccountName": p.name, "automountServiceAccountToken": False,
-                         "containers": [{"name": "pytorch", "image": "example.invalid/trainer:1"}]}}
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {
+                "serviceAccountName": p.name,
+                "automountServiceAccountToken": False,
+                "containers": [{"name": "pytorch", "image": "example.invalid/trainer:1"}],
+            },
+        }
 
     cluster = Cluster.start(level="api")
     watch = None
     try:
-        cluster.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}, *progress_rbac(p),
-                       bare_pod(pod), bare_pod(f"{p.name}-worker-1"), bare_pod("another-run-worker-0")])
+        cluster.apply(
+            [
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
+                *progress_rbac(p),
+                bare_pod(pod),
+                bare_pod(f"{p.name}-worker-1"),
+                bare_pod("another-run-worker-0"),
+            ]
+        )
         token = cluster.kubectl("create", "token", p.name, "-n", ns).strip()
 
         def can_i(*args: str) -> str:
@@ -206,15 +260,36 @@ def test_annotations_appear_on_a_real_api_server_with_rbac_that_allows_only_that
             return res.stdout.strip()
 
         assert [can_i("patch", f"pods/{p.name}-worker-{i}") for i in range(2)] == ["yes", "yes"]
-        for denied in (("patch", "pods/another-run-worker-0"), ("patch", f"pods/{p.name}-worker-2"),
-                       ("get", f"pods/{pod}"), ("list", "pods"), ("create", "pods"), ("delete", f"pods/{pod}"),
-                       ("get", "secrets"), ("patch", f"pytorchjobs.kubeflow.org/{p.name}")):
+        for denied in (
+            ("patch", "pods/another-run-worker-0"),
+            ("patch", f"pods/{p.name}-worker-2"),
+            ("get", f"pods/{pod}"),
+            ("list", "pods"),
+            ("create", "pods"),
+            ("delete", f"pods/{pod}"),
+            ("get", "secrets"),
+            ("patch", f"pytorchjobs.kubeflow.org/{p.name}"),
+        ):
             assert can_i(*denied) == "no", denied
 
         # Every change of the pod's annotations while the trainer runs, as kubectl sees them.
-        watch = subprocess.Popen([tool_path("kubectl"), f"--kubeconfig={cluster.kubeconfig}", "get", "pod", pod,
-                                  "-n", ns, "--watch", "-o", "jsonpath={.metadata.annotations}{\"\\n\"}"],
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        watch = subprocess.Popen(
+            [
+                tool_path("kubectl"),
+                f"--kubeconfig={cluster.kubeconfig}",
+                "get",
+                "pod",
+                pod,
+                "-n",
+                ns,
+                "--watch",
+                "-o",
+                'jsonpath={.metadata.annotations}{"\\n"}',
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         sa = tmp_path / "serviceaccount"
         sa.mkdir()
         (sa / "token").write_text(token)
@@ -236,7 +311,9 @@ def test_annotations_appear_on_a_real_api_server_with_rbac_that_allows_only_that
         other.publish(records[-1], force=True)
         other.close()
         assert other.failed == 1 and other.sent == 0
-        assert "fsdp-gitops/step" not in (cluster.get("pod", ns, "another-run-worker-0")["metadata"].get("annotations") or {})
+        assert "fsdp-gitops/step" not in (
+            cluster.get("pod", ns, "another-run-worker-0")["metadata"].get("annotations") or {}
+        )
     finally:
         if watch and watch.poll() is None:
             watch.kill()

@@ -7,6 +7,7 @@ the PodMonitor gives real pods (job, namespace, pod, node, run) and loads
 base/monitoring/configs/prometheusrule-fsdp.yaml with every `for:` shortened to 2 s (the rules are
 otherwise unchanged). The test then reads everything back through Prometheus' HTTP API.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,14 +18,15 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import yaml
+from trainer_support import REPO_ROOT, TINY, free_port, output_overrides, read_metrics, trainer_env, worker_pids
 
 from tools.cluster.build import binary
-from trainer_support import REPO_ROOT, TINY, free_port, output_overrides, read_metrics, trainer_env, worker_pids
 
 RULES = REPO_ROOT / "base" / "monitoring" / "configs" / "prometheusrule-fsdp.yaml"
 RUN = "tiny-observed"
@@ -59,8 +61,9 @@ class PrometheusAPI:
         return self.get("query", query=expr)["result"]
 
     def firing(self, alertname: str) -> list[dict]:
-        return [a for a in self.get("alerts")["alerts"]
-                if a["labels"]["alertname"] == alertname and a["state"] == "firing"]
+        return [
+            a for a in self.get("alerts")["alerts"] if a["labels"]["alertname"] == alertname and a["state"] == "firing"
+        ]
 
     def ready(self) -> bool:
         try:
@@ -79,13 +82,27 @@ def short_for(spec: dict) -> dict:
 
 
 def start_node(out: Path, rdzv_port: int, metrics_port: int, log: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
-           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{rdzv_port}", f"--rdzv-id={RUN}",
-           "-m", "trainer.train", "--config", str(TINY), *output_overrides(out),
-           "training.max_steps=100000", "checkpoint.interval_steps=100000",
-           f"metrics.prometheus_port={metrics_port}"]
-    return subprocess.Popen(cmd, cwd=REPO_ROOT, env=trainer_env(), stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=2",
+        "--nproc_per_node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{rdzv_port}",
+        f"--rdzv-id={RUN}",
+        "-m",
+        "trainer.train",
+        "--config",
+        str(TINY),
+        *output_overrides(out),
+        "training.max_steps=100000",
+        "checkpoint.interval_steps=100000",
+        f"metrics.prometheus_port={metrics_port}",
+    ]
+    return subprocess.Popen(
+        cmd, cwd=REPO_ROOT, env=trainer_env(), stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -106,34 +123,56 @@ def test_prometheus_scrapes_the_run_sums_pods_and_alerts_on_a_paused_trainer(tmp
     metrics_ports = [free_port(), free_port()]
     pods = [f"{RUN}-worker-{i}" for i in range(2)]
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(short_for(yaml.safe_load(RULES.read_text())["spec"])))
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
-        "global": {"scrape_interval": "1s", "scrape_timeout": "800ms", "evaluation_interval": "1s"},
-        "rule_files": ["rules.yaml"],
-        "scrape_configs": [{
-            "job_name": "fsdp-trainer",
-            # What the PodMonitor's relabelling gives a real pod (job from jobLabel, run, node).
-            "static_configs": [{"targets": [f"127.0.0.1:{port}"],
-                                "labels": {"namespace": NAMESPACE, "pod": pod, "node": f"node-{i}", "run": RUN}}
-                               for i, (pod, port) in enumerate(zip(pods, metrics_ports))],
-        }],
-    }))
+    (tmp_path / "prometheus.yml").write_text(
+        yaml.safe_dump(
+            {
+                "global": {"scrape_interval": "1s", "scrape_timeout": "800ms", "evaluation_interval": "1s"},
+                "rule_files": ["rules.yaml"],
+                "scrape_configs": [
+                    {
+                        "job_name": "fsdp-trainer",
+                        # What the PodMonitor's relabelling gives a real pod (job from jobLabel, run, node).
+                        "static_configs": [
+                            {
+                                "targets": [f"127.0.0.1:{port}"],
+                                "labels": {"namespace": NAMESPACE, "pod": pod, "node": f"node-{i}", "run": RUN},
+                            }
+                            for i, (pod, port) in enumerate(zip(pods, metrics_ports))
+                        ],
+                    }
+                ],
+            }
+        )
+    )
     prom_log = tmp_path / "prometheus.log"
     prometheus = subprocess.Popen(
-        [str(binary("prometheus")), f"--config.file={tmp_path / 'prometheus.yml'}",
-         f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
-        cwd=tmp_path, stdout=prom_log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            str(binary("prometheus")),
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{prom_port}",
+        ],
+        cwd=tmp_path,
+        stdout=prom_log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     nodes: list[subprocess.Popen] = []
     try:
         api = PrometheusAPI(prom_port)
         wait_until("Prometheus ready", api.ready, 60, (prometheus,))
         assert {r["name"] for g in api.get("rules")["groups"] for r in g["rules"]} >= {
-            "FsdpTrainerMetricsMissing", "FsdpThroughputDrop", "fsdp:tokens_per_second:sum"}
+            "FsdpTrainerMetricsMissing",
+            "FsdpThroughputDrop",
+            "fsdp:tokens_per_second:sum",
+        }
         out = tmp_path / "run"
         nodes = [start_node(out, rdzv_port, port, tmp_path / f"node{i}.log") for i, port in enumerate(metrics_ports)]
 
         # The run's throughput series, with the run's labels, from exactly one of its two pods.
-        series = wait_until("a tokens/s series", lambda: api.query(f'fsdp_tokens_per_second{{run="{RUN}"}}'),
-                            procs=(prometheus, *nodes))
+        series = wait_until(
+            "a tokens/s series", lambda: api.query(f'fsdp_tokens_per_second{{run="{RUN}"}}'), procs=(prometheus, *nodes)
+        )
         assert len(series) == 1
         labels = series[0]["metric"]
         assert labels["job"] == "fsdp-trainer" and labels["namespace"] == NAMESPACE and labels["pod"] in pods
@@ -143,8 +182,13 @@ def test_prometheus_scrapes_the_run_sums_pods_and_alerts_on_a_paused_trainer(tmp
         assert sorted(r["metric"]["pod"] for r in per_node) == pods  # every pod answers, with its own figures
 
         # Sums over pods equal the job's own figures in metrics.jsonl, at every scraped step.
-        wait_until("10 s of scrapes past step 20", lambda: api.query(
-            f'count_over_time(fsdp_step{{run="{RUN}"}}[30s]) >= 10 and fsdp_step{{run="{RUN}"}} >= 20'), procs=nodes)
+        wait_until(
+            "10 s of scrapes past step 20",
+            lambda: api.query(
+                f'count_over_time(fsdp_step{{run="{RUN}"}}[30s]) >= 10 and fsdp_step{{run="{RUN}"}} >= 20'
+            ),
+            procs=nodes,
+        )
         end = time.time()
         window = {"start": end - 10, "end": end, "step": 1}
 

@@ -7,14 +7,15 @@ each of them a field of the upstream exporter's list vendored in tests/data/moni
 the trainer's own collector (trainer.metrics.TrainerCollector) emits, a recording rule of the same
 file, or one of the few Prometheus and kube-state-metrics series in OTHER_METRICS.
 """
+
 from __future__ import annotations
 
 import json
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import yaml
@@ -38,8 +39,21 @@ OTHER_METRICS = {
     "kube_job_failed",  # kube-state-metrics docs/metrics/workload/job-metrics.md (STABLE)
 }
 
-PROMQL_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless",
-                   "bool", "offset", "inf", "nan"}
+PROMQL_KEYWORDS = {
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "and",
+    "or",
+    "unless",
+    "bool",
+    "offset",
+    "inf",
+    "nan",
+}
 # Grafana variables, replaced by values that make each expression plain PromQL.
 GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$__interval": "1m", "$__range": "1h"}
 
@@ -134,9 +148,12 @@ def write_rules(tmp_path: Path, groups: list[dict]) -> Path:
 
 # Fast checks: names and structure.
 
+
 def test_metric_name_extraction_ignores_functions_labels_and_ranges():
-    expr = ('max by (node, gpu) (rate(DCGM_FI_DEV_THERMAL_VIOLATION{gpu=~"0|1"}[5m])) / 1e9 > 0.1 '
-            'and on (run) label_replace(up{job="x"} == 1, "a", "$1", "b", "(.+)") unless fsdp:x:sum offset 5m')
+    expr = (
+        'max by (node, gpu) (rate(DCGM_FI_DEV_THERMAL_VIOLATION{gpu=~"0|1"}[5m])) / 1e9 > 0.1 '
+        'and on (run) label_replace(up{job="x"} == 1, "a", "$1", "b", "(.+)") unless fsdp:x:sum offset 5m'
+    )
     assert metric_names(expr) == {"DCGM_FI_DEV_THERMAL_VIOLATION", "up", "fsdp:x:sum"}
 
 
@@ -146,8 +163,15 @@ def test_rules_and_dashboard_name_only_metrics_that_exist():
     assert unknown_metrics(rule_exprs + dash_exprs) == {}
     # The check sees the metrics the rules rely on (it would pass vacuously on an empty list).
     used = set().union(*map(metric_names, rule_exprs + dash_exprs))
-    assert {"DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_GPU_UTIL", "fsdp_tokens_per_second", "fsdp_step",
-            "fsdp_total_steps", "up", "kube_job_failed"} <= used
+    assert {
+        "DCGM_FI_DEV_XID_ERRORS",
+        "DCGM_FI_DEV_GPU_UTIL",
+        "fsdp_tokens_per_second",
+        "fsdp_step",
+        "fsdp_total_steps",
+        "up",
+        "kube_job_failed",
+    } <= used
 
 
 def test_gpu_series_are_grouped_by_the_node_label_we_set():
@@ -163,10 +187,15 @@ def test_gpu_series_are_grouped_by_the_node_label_we_set():
 
 
 def test_an_unknown_metric_is_reported():
-    misspelt = ['sum by (run) (fsdp_tokens_per_sec{run=~".*"})', "max(DCGM_FI_DEV_GPU_TEMPERATURE) > 85",
-                "rate(fsdp_tokens_total[5m])"]
-    assert unknown_metrics(misspelt) == {misspelt[0]: {"fsdp_tokens_per_sec"},
-                                         misspelt[1]: {"DCGM_FI_DEV_GPU_TEMPERATURE"}}
+    misspelt = [
+        'sum by (run) (fsdp_tokens_per_sec{run=~".*"})',
+        "max(DCGM_FI_DEV_GPU_TEMPERATURE) > 85",
+        "rate(fsdp_tokens_total[5m])",
+    ]
+    assert unknown_metrics(misspelt) == {
+        misspelt[0]: {"fsdp_tokens_per_sec"},
+        misspelt[1]: {"DCGM_FI_DEV_GPU_TEMPERATURE"},
+    }
 
 
 def test_exporter_fields_are_upstream_dcgm_exporter_fields():
@@ -188,11 +217,19 @@ def test_every_alert_has_a_firing_and_a_silent_unit_test():
     firing = {c["alertname"] for c in cases if c["exp_alerts"]}
     silent = {c["alertname"] for c in cases if not c["exp_alerts"]}
     assert alerts == firing == silent, (alerts, firing, silent)
-    assert {"FsdpGpuXidError", "FsdpGpuThermalThrottling", "FsdpGpuPowerThrottling", "FsdpGpuIdleInActiveRun",
-            "FsdpThroughputDrop", "FsdpTrainerMetricsMissing", "FsdpNcclPreflightFailed"} <= alerts
+    assert {
+        "FsdpGpuXidError",
+        "FsdpGpuThermalThrottling",
+        "FsdpGpuPowerThrottling",
+        "FsdpGpuIdleInActiveRun",
+        "FsdpThroughputDrop",
+        "FsdpTrainerMetricsMissing",
+        "FsdpNcclPreflightFailed",
+    } <= alerts
 
 
 # promtool: parse and unit tests.
+
 
 @pytest.mark.slow
 def test_rules_pass_promtool_check(tmp_path):

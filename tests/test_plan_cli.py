@@ -1,6 +1,7 @@
 """`expand.py MATRIX --plan` and `--plan --base REF`: the table, totals per cluster, refused runs with
 their reason and cheapest fix, the difference against a commit of a git repository the test makes,
 one-line bad input with exit 2, and the pull-request workflow that posts the plan."""
+
 from __future__ import annotations
 
 import re
@@ -10,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
+from matrix_support import HEADER, REPO_ROOT
 
 from generators.expand import main
-from matrix_support import HEADER, REPO_ROOT
 
 SEED = REPO_ROOT / "matrix.yaml"
 
@@ -67,21 +68,32 @@ def test_llama2_70b_on_one_node_is_refused_with_its_reason_and_the_cheapest_fix(
     assert "2 runs cannot fit" in result.stderr
 
 
-@pytest.mark.parametrize("run,fix", [
-    # Nothing else holds 13B's unsharded state on one GPU: FULL_SHARD spreads it over the node.
-    ("{model: llama2-13b, nodes: 1, trainer.parallelism.sharding_strategy: NO_SHARD}",
-     "trainer.parallelism.sharding_strategy: FULL_SHARD"),
-    # 70B's state needs 32 GPUs to share it (16 leave 79 GiB each).
-    ("{model: llama2-70b, nodes: 16, trainer.parallelism.sharding_strategy: HYBRID_SHARD}",
-     "trainer.parallelism.shard_group_size: 32"),
-    # On 2 nodes there are not 32 GPUs: more nodes, and the group grown with them.
-    ("{model: llama2-70b, nodes: 2, trainer.parallelism.sharding_strategy: HYBRID_SHARD}",
-     "nodes: 4, trainer.parallelism.shard_group_size: 32"),
-])
+@pytest.mark.parametrize(
+    "run,fix",
+    [
+        # Nothing else holds 13B's unsharded state on one GPU: FULL_SHARD spreads it over the node.
+        (
+            "{model: llama2-13b, nodes: 1, trainer.parallelism.sharding_strategy: NO_SHARD}",
+            "trainer.parallelism.sharding_strategy: FULL_SHARD",
+        ),
+        # 70B's state needs 32 GPUs to share it (16 leave 79 GiB each).
+        (
+            "{model: llama2-70b, nodes: 16, trainer.parallelism.sharding_strategy: HYBRID_SHARD}",
+            "trainer.parallelism.shard_group_size: 32",
+        ),
+        # On 2 nodes there are not 32 GPUs: more nodes, and the group grown with them.
+        (
+            "{model: llama2-70b, nodes: 2, trainer.parallelism.sharding_strategy: HYBRID_SHARD}",
+            "nodes: 4, trainer.parallelism.shard_group_size: 32",
+        ),
+    ],
+)
 def test_the_fix_is_the_change_that_makes_the_run_fit(tmp_path, run, fix):
     matrix = tmp_path / "m.yaml"
-    matrix.write_text(HEADER + "defaults:\n  cluster: fsdp-p5\n  trainer:\n    data: {path: /shared/data/samsum/train.jsonl}\n"
-                      f"include:\n  - {run}\n")
+    matrix.write_text(
+        HEADER + "defaults:\n  cluster: fsdp-p5\n  trainer:\n    data: {path: /shared/data/samsum/train.jsonl}\n"
+        f"include:\n  - {run}\n"
+    )
     result = invoke(str(matrix), "--plan")
     assert result.exit_code == 1, result.output
     [line] = [line for line in result.stdout.splitlines() if line.startswith("- ") and "Cheapest fix" in line]
@@ -105,9 +117,12 @@ def test_plan_base_shows_runs_added_removed_changed_and_the_cost_they_add(tmp_pa
     git(repo, "commit", "-q", "-m", "seed")
     # The change: llama2-7b leaves the grid, a Llama 3.1 8B run on 4 p5 nodes joins it, and the
     # learning rate of every run changes (so the others are changed, not added and removed).
-    second = (first.replace("model: [llama2-7b, llama2-13b, llama2-70b]", "model: [llama2-13b, llama2-70b]")
-              .replace("lr: 2.0e-5", "lr: 3.0e-5")
-              + "  - {cluster: fsdp-p5, model: llama3.1-8b, nodes: 4}\n")
+    second = (
+        first.replace("model: [llama2-7b, llama2-13b, llama2-70b]", "model: [llama2-13b, llama2-70b]").replace(
+            "lr: 2.0e-5", "lr: 3.0e-5"
+        )
+        + "  - {cluster: fsdp-p5, model: llama3.1-8b, nodes: 4}\n"
+    )
     matrix.write_text(second)
     git(repo, "commit", "-q", "-am", "change")
 
@@ -123,8 +138,9 @@ def test_plan_base_shows_runs_added_removed_changed_and_the_cost_they_add(tmp_pa
     assert base.exit_code == 0 and "Added: 0, removed: 0, changed: 0" in base.stdout
     # The difference row is the new totals minus the old ones.
     diff = [line for line in out.splitlines() if line.startswith("| difference")][0]
-    head, this = ([line for line in out.splitlines() if line.startswith(f"| {label}")][0]
-                  for label in ("HEAD~1", "this change"))
+    head, this = (
+        [line for line in out.splitlines() if line.startswith(f"| {label}")][0] for label in ("HEAD~1", "this change")
+    )
     number = lambda cell: float(cell.replace(",", "").replace("+", ""))  # noqa: E731
     cells = lambda line: [c.strip() for c in line.strip("|").split("|")]  # noqa: E731
     assert number(cells(diff)[3]) == pytest.approx(number(cells(this)[3]) - number(cells(head)[3]), abs=0.02)
@@ -156,31 +172,43 @@ def one_line_exit_2(result, *parts: str) -> None:
 
 def test_an_unknown_instance_in_the_price_table_is_one_line_and_exit_2(tmp_path):
     prices = tmp_path / "prices.yaml"
-    prices.write_text("prices:\n  - {instance_type: p6.48xlarge, region: us-west-2, usd_per_hour: 9.5, "
-                      "read: '2026-11-30', source: x}\n")
-    one_line_exit_2(invoke(str(SEED), "--plan", "--prices", str(prices)),
-                    f"{prices}:2: prices[0].instance_type: unknown instance type 'p6.48xlarge'")
+    prices.write_text(
+        "prices:\n  - {instance_type: p6.48xlarge, region: us-west-2, usd_per_hour: 9.5, "
+        "read: '2026-11-30', source: x}\n"
+    )
+    one_line_exit_2(
+        invoke(str(SEED), "--plan", "--prices", str(prices)),
+        f"{prices}:2: prices[0].instance_type: unknown instance type 'p6.48xlarge'",
+    )
 
 
 def test_a_missing_price_is_one_line_and_exit_2(tmp_path):
     prices = tmp_path / "prices.yaml"
-    prices.write_text("prices:\n  - {instance_type: p5.48xlarge, region: us-west-2, usd_per_hour: 55.04, "
-                      "read: '2026-11-30', source: x}\n")
-    one_line_exit_2(invoke(str(SEED), "--plan", "--prices", str(prices)),
-                    "no price for p4de.24xlarge in us-west-2, which cluster fsdp-p4de (", "add a row")
+    prices.write_text(
+        "prices:\n  - {instance_type: p5.48xlarge, region: us-west-2, usd_per_hour: 55.04, "
+        "read: '2026-11-30', source: x}\n"
+    )
+    one_line_exit_2(
+        invoke(str(SEED), "--plan", "--prices", str(prices)),
+        "no price for p4de.24xlarge in us-west-2, which cluster fsdp-p4de (",
+        "add a row",
+    )
 
 
 def test_an_instance_without_an_on_demand_price_needs_a_reservation(tmp_path):
     text = SEED.read_text().replace("instance_types: [p5.48xlarge]", "instance_types: [p5e.48xlarge]")
     matrix = tmp_path / "matrix.yaml"
     matrix.write_text(text)
-    one_line_exit_2(invoke(str(matrix), "--plan"), "p5e.48xlarge in us-west-2 has no On-Demand price",
-                    "capacity_reservation_ids")
-    reserved = text.replace("capacity_reservation_ids: []\n    volume_size_gib: 500\n    kubernetes_version: \"1.33\"\n"
-                            "    max_nodes: 16\n    shared_storage_gib: 2400\n\n# What every run",
-                            "capacity_reservation_ids: [cr-0123456789abcdef0]\n    volume_size_gib: 500\n"
-                            "    kubernetes_version: \"1.33\"\n    max_nodes: 16\n    shared_storage_gib: 2400\n\n"
-                            "# What every run")
+    one_line_exit_2(
+        invoke(str(matrix), "--plan"), "p5e.48xlarge in us-west-2 has no On-Demand price", "capacity_reservation_ids"
+    )
+    reserved = text.replace(
+        'capacity_reservation_ids: []\n    volume_size_gib: 500\n    kubernetes_version: "1.33"\n'
+        "    max_nodes: 16\n    shared_storage_gib: 2400\n\n# What every run",
+        "capacity_reservation_ids: [cr-0123456789abcdef0]\n    volume_size_gib: 500\n"
+        '    kubernetes_version: "1.33"\n    max_nodes: 16\n    shared_storage_gib: 2400\n\n'
+        "# What every run",
+    )
     assert reserved != text
     matrix.write_text(reserved)
     result = invoke(str(matrix), "--plan")
@@ -188,12 +216,15 @@ def test_an_instance_without_an_on_demand_price_needs_a_reservation(tmp_path):
     assert "- (reserved)" in result.stdout
 
 
-@pytest.mark.parametrize("args,parts", [
-    (("--plan", "--base", "no-such-ref"), ("--base: 'no-such-ref' is not a commit",)),
-    (("--plan", "--base", "--output=x"), ("--base: '--output=x' is not a commit name",)),
-    (("--base", "HEAD"), ("--base", "only with --plan")),
-    (("--plan", "--check"), ("choose one",)),
-])
+@pytest.mark.parametrize(
+    "args,parts",
+    [
+        (("--plan", "--base", "no-such-ref"), ("--base: 'no-such-ref' is not a commit",)),
+        (("--plan", "--base", "--output=x"), ("--base: '--output=x' is not a commit name",)),
+        (("--base", "HEAD"), ("--base", "only with --plan")),
+        (("--plan", "--check"), ("choose one",)),
+    ],
+)
 def test_bad_plan_options_are_one_line_and_exit_2(args, parts):
     one_line_exit_2(invoke(str(SEED), *args), *parts)
 
@@ -220,4 +251,5 @@ def test_the_readme_shows_the_seed_matrix_plan_as_the_command_prints_it():
     readme = (REPO_ROOT / "README.md").read_text()
     assert result.stdout.rstrip("\n") in readme, (
         "README.md's seed plan is stale: paste the output of `python generators/expand.py matrix.yaml --plan` "
-        "into its section 'The plan'")
+        "into its section 'The plan'"
+    )

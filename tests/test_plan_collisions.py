@@ -1,15 +1,18 @@
 """Run names are unique for different configurations: a hash collision is detected and both names get
 a longer hash; runs that collide with nothing keep their short names; the same configuration twice is
 an error that says so."""
+
 from __future__ import annotations
 
 import pytest
+from matrix_support import HEADER, plans
 
 import generators.plan as plan_mod
 from generators.core.errors import InputError
-from matrix_support import HEADER, plans
 
-SWEEP = HEADER + """\
+SWEEP = (
+    HEADER
+    + """\
 defaults:
   cluster: fsdp-p5
   model: tiny
@@ -19,6 +22,7 @@ defaults:
 axes:
   trainer.training.seed: [%s]
 """
+)
 
 
 def sweep(n: int) -> str:

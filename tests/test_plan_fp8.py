@@ -1,6 +1,7 @@
 """A matrix can compare bf16 and fp8 runs: the generator's public CLI plans both (with the memory
 model's estimate) and writes each run's precision into its trainer config; fp8-only settings on a bf16
 run are one line of bad input."""
+
 from __future__ import annotations
 
 import subprocess
@@ -34,8 +35,13 @@ axes:
 
 
 def expand(matrix: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "generators/expand.py", str(matrix), *args], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "generators/expand.py", str(matrix), *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_matrix_compares_bf16_and_fp8(tmp_path):
@@ -54,9 +60,12 @@ def test_matrix_compares_bf16_and_fp8(tmp_path):
 
 def test_fp8_all_gather_on_a_bf16_run_is_bad_input(tmp_path):
     matrix = tmp_path / "matrix.yaml"
-    matrix.write_text(MATRIX.replace("[bf16, fp8]", "[bf16]").replace(
-        "    data: {path: /shared/data/samsum/train.jsonl}",
-        "    data: {path: /shared/data/samsum/train.jsonl}\n    parallelism: {fp8_all_gather: true}"))
+    matrix.write_text(
+        MATRIX.replace("[bf16, fp8]", "[bf16]").replace(
+            "    data: {path: /shared/data/samsum/train.jsonl}",
+            "    data: {path: /shared/data/samsum/train.jsonl}\n    parallelism: {fp8_all_gather: true}",
+        )
+    )
     result = expand(matrix, "--out", str(tmp_path / "out"))
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()

@@ -2,6 +2,7 @@
 tokens/s per GPU (generators/plan/speed.py) within 15% of every trainer configuration measured on
 H200 (benchmarks/results/*.jsonl, each record with the command that measured it), the 2-GPU/1-GPU
 ratio within 5 points; and the parts of the speed and cost models that need no GPU."""
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,10 @@ RATIO_BOUND = 0.05
 # trainer/memory.py holds every measured configuration to 10% (within -7% and +2%).
 MEMORY_OUTSIDE: dict[tuple[str, str], str] = {}
 SPEED_OUTSIDE = {
-    ("h200x1-suite2.jsonl", "default-bf16-optimizer-state"):
-        "the per-parameter eager bf16-moment update, replaced since by one compiled kernel (BENCHMARKS.md)",
+    (
+        "h200x1-suite2.jsonl",
+        "default-bf16-optimizer-state",
+    ): "the per-parameter eager bf16-moment update, replaced since by one compiled kernel (BENCHMARKS.md)",
     ("h200x1-explore.jsonl", "c-acnone-bf16opt"): "as above",
 }
 
@@ -51,9 +54,12 @@ RECORDS = trainer_records()
 
 def train_config(record: dict):
     c = record["config"]
-    nested = {"model": {"name": c["model"]}, "data": {"format": "synthetic", "seq_len": c["seq_len"]},
-              "training": {"batch_size_per_gpu": c["batch_size_per_gpu"],
-                           "grad_accum_steps": c.get("grad_accum_steps", 1)}, "parallelism": {}}
+    nested = {
+        "model": {"name": c["model"]},
+        "data": {"format": "synthetic", "seq_len": c["seq_len"]},
+        "training": {"batch_size_per_gpu": c["batch_size_per_gpu"], "grad_accum_steps": c.get("grad_accum_steps", 1)},
+        "parallelism": {},
+    }
     for key, value in c.items():
         section, _, leaf = key.partition(".")
         if section in ("parallelism", "training") and leaf:
@@ -79,9 +85,17 @@ def label(name: str, number: int, record: dict) -> str:
 def test_the_fixtures_cover_models_checkpointing_strategies_and_two_gpus():
     def configuration(r: dict) -> tuple:
         c = r["config"]
-        return (c["model"], c["seq_len"], c["batch_size_per_gpu"], c["parallelism.activation_checkpointing"],
-                c["parallelism.sharding_strategy"], c["parallelism.precision"], c["parallelism.compile"],
-                r["world_size"])
+        return (
+            c["model"],
+            c["seq_len"],
+            c["batch_size_per_gpu"],
+            c["parallelism.activation_checkpointing"],
+            c["parallelism.sharding_strategy"],
+            c["parallelism.precision"],
+            c["parallelism.compile"],
+            r["world_size"],
+        )
+
     within = {configuration(r) for name, _, r in RECORDS if (name, r["name"]) not in MEMORY_OUTSIDE}
     # At least 8 configurations the memory model must hold to 10%, over models, sequence lengths,
     # checkpointing modes, strategies, compiled and eager layers, and 1 and 2 GPUs.
@@ -108,8 +122,9 @@ def test_predicted_peak_memory_is_within_10_percent(name, number, record):
 
 
 def predicted_speed(record: dict) -> float:
-    return speed.predict_measured(record["config"], record["world_size"], local_world(record),
-                                  record["versions"]["gpu"], one_host=True)
+    return speed.predict_measured(
+        record["config"], record["world_size"], local_world(record), record["versions"]["gpu"], one_host=True
+    )
 
 
 @pytest.mark.parametrize("name,number,record", RECORDS, ids=[label(*r) for r in RECORDS])
@@ -146,9 +161,15 @@ def test_the_calibration_runs_are_the_measurements_they_name():
         record = json.loads((REPO / file).read_text().splitlines()[int(number) - 1])
         c = record["config"]
         assert record["tokens_per_s_per_gpu"] == pytest.approx(cal.tokens_per_s_per_gpu, abs=0.5), cal.source
-        assert (c["model"], c["seq_len"], c["batch_size_per_gpu"], c["parallelism.precision"],
-                c["parallelism.compile"], c["parallelism.activation_checkpointing"], record["world_size"]) == (
-            cal.model, cal.seq_len, cal.batch_size_per_gpu, cal.precision, cal.compile, cal.checkpointing, 1)
+        assert (
+            c["model"],
+            c["seq_len"],
+            c["batch_size_per_gpu"],
+            c["parallelism.precision"],
+            c["parallelism.compile"],
+            c["parallelism.activation_checkpointing"],
+            record["world_size"],
+        ) == (cal.model, cal.seq_len, cal.batch_size_per_gpu, cal.precision, cal.compile, cal.checkpointing, 1)
         # The model reproduces its own calibration run.
         assert predicted_speed(record) == pytest.approx(cal.tokens_per_s_per_gpu, rel=1e-9)
 
@@ -161,9 +182,14 @@ def test_every_instance_type_of_the_catalog_has_hardware_figures():
 
 
 def seed_config(**parallelism):
-    return from_dict({"model": {"name": "llama2-13b"}, "data": {"format": "synthetic", "seq_len": 4096},
-                      "training": {"batch_size_per_gpu": 3},
-                      "parallelism": {"activation_checkpointing": "full", **parallelism}})
+    return from_dict(
+        {
+            "model": {"name": "llama2-13b"},
+            "data": {"format": "synthetic", "seq_len": 4096},
+            "training": {"batch_size_per_gpu": 3},
+            "parallelism": {"activation_checkpointing": "full", **parallelism},
+        }
+    )
 
 
 def per_gpu(instance: str, nodes: int, batch: int = 3, **parallelism) -> float:
@@ -183,7 +209,8 @@ def test_one_gpu_sends_nothing_and_full_shard_traffic_is_hand_computed():
     two = speed.traffic_bytes(arch, cfg, speed.Topology(nodes=1, gpus_per_node=2, shard=2))
     # bf16 all-gathers in forward and backward and an fp32 reduce-scatter, each of half the parameters.
     assert (two.gather_forward, two.gather_backward, two.reduce, two.across) == pytest.approx(
-        (2 * arch.num_params / 2, 2 * arch.num_params / 2, 4 * arch.num_params / 2, 0.0))
+        (2 * arch.num_params / 2, 2 * arch.num_params / 2, 4 * arch.num_params / 2, 0.0)
+    )
 
 
 def test_scaling_across_nodes_is_predicted_from_the_network_not_assumed_linear():
@@ -213,19 +240,30 @@ def test_the_price_table_has_every_matrix_region_and_a_date_and_source_per_row()
     assert table.lookup("p5e.48xlarge", "us-west-2").usd_per_hour is None
 
 
-@pytest.mark.parametrize("row,message", [
-    ("{instance_type: p9.48xlarge, region: us-west-2, usd_per_hour: 1.0, read: '2026-11-30', source: x}",
-     "unknown instance type 'p9.48xlarge'"),
-    ("{instance_type: p5.48xlarge, region: us-west-2, usd_per_hour: -1, read: '2026-11-30', source: x}",
-     "must be a positive number"),
-    ("{instance_type: p5.48xlarge, region: us-west-2, usd_per_hour: 5, read: yesterday, source: x}",
-     "must be a quoted date"),
-    ("{instance_type: p5.48xlarge, region: us-west-2, usd_per_hour: 5, read: '2026-11-30'}", "missing"),
-])
+@pytest.mark.parametrize(
+    "row,message",
+    [
+        (
+            "{instance_type: p9.48xlarge, region: us-west-2, usd_per_hour: 1.0, read: '2026-11-30', source: x}",
+            "unknown instance type 'p9.48xlarge'",
+        ),
+        (
+            "{instance_type: p5.48xlarge, region: us-west-2, usd_per_hour: -1, read: '2026-11-30', source: x}",
+            "must be a positive number",
+        ),
+        (
+            "{instance_type: p5.48xlarge, region: us-west-2, usd_per_hour: 5, read: yesterday, source: x}",
+            "must be a quoted date",
+        ),
+        ("{instance_type: p5.48xlarge, region: us-west-2, usd_per_hour: 5, read: '2026-11-30'}", "missing"),
+    ],
+)
 def test_a_bad_price_row_names_file_line_and_key(tmp_path, row, message):
     path = tmp_path / "prices.yaml"
-    path.write_text(f"prices:\n  - {{instance_type: p4d.24xlarge, region: us-east-1, usd_per_hour: 2.0, "
-                    f"read: '2026-11-30', source: x}}\n  - {row}\n")
+    path.write_text(
+        f"prices:\n  - {{instance_type: p4d.24xlarge, region: us-east-1, usd_per_hour: 2.0, "
+        f"read: '2026-11-30', source: x}}\n  - {row}\n"
+    )
     with pytest.raises(InputError) as err:
         load_prices(path, "prices.yaml")
     text = str(err.value)

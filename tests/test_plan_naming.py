@@ -1,12 +1,13 @@
 """Run names: DNS-1035 labels of at most 50 characters, readable, unique, stable, new on any config change."""
+
 from __future__ import annotations
 
 import re
 
 import pytest
+from matrix_support import GOOD, HEADER, plans
 
 from generators.plan import slug
-from matrix_support import GOOD, HEADER, plans
 
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
@@ -45,13 +46,16 @@ def test_optional_parts_appear_only_when_they_differ_from_the_default():
     assert name_of("{model: llama3.1-8b, nodes: 2}").startswith("llama3-1-8b-p5-n2-")
 
 
-@pytest.mark.parametrize("change", [
-    "trainer.training.lr: 3.0e-5",          # a trainer value
-    "trainer.data.seq_len: 2048",
-    "active_deadline_s: 3600",              # a job value
-    "shm_size_gib: 32",
-    "rev: 1",
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        "trainer.training.lr: 3.0e-5",  # a trainer value
+        "trainer.data.seq_len: 2048",
+        "active_deadline_s: 3600",  # a job value
+        "shm_size_gib: 32",
+        "rev: 1",
+    ],
+)
 def test_any_configuration_change_gives_a_new_name(change):
     base = name_of("{model: llama2-7b, nodes: 2}")
     assert name_of("{model: llama2-7b, nodes: 2, " + change + "}") != base
@@ -59,12 +63,17 @@ def test_any_configuration_change_gives_a_new_name(change):
 
 def test_setting_a_value_to_its_default_keeps_the_name():
     # The hash covers the resolved config, so spelling out a default changes nothing.
-    assert name_of("{model: llama2-7b, nodes: 2}") == name_of("{model: llama2-7b, nodes: 2, trainer.training.lr: 2.0e-5}")
+    assert name_of("{model: llama2-7b, nodes: 2}") == name_of(
+        "{model: llama2-7b, nodes: 2, trainer.training.lr: 2.0e-5}"
+    )
 
 
 def test_same_run_on_two_clusters_with_one_instance_type_gets_two_names():
-    twin = HEADER.replace("  fsdp-mixed:", "  fsdp-p5-east:\n    region: us-east-1\n    availability_zones: [us-east-1a]\n"
-                          "    instance_types: [p5.48xlarge]\n  fsdp-mixed:")
+    twin = HEADER.replace(
+        "  fsdp-mixed:",
+        "  fsdp-p5-east:\n    region: us-east-1\n    availability_zones: [us-east-1a]\n"
+        "    instance_types: [p5.48xlarge]\n  fsdp-mixed:",
+    )
     runs = plans(twin + DEFAULTS + "axes:\n  model: [llama2-7b]\n  nodes: [2]\n  cluster: [fsdp-p5, fsdp-p5-east]\n")
     a, b = (p.name for p in runs)
     assert a != b and a[:-7] == b[:-7] == "llama2-7b-p5-n2-fullshard"
@@ -76,9 +85,11 @@ def test_user_name_replaces_the_readable_part():
 
 
 def test_long_readable_part_is_cut_to_fit_50_characters():
-    name = name_of("{model: llama3.1-8b, nodes: 16, gpus_per_node: 4, rev: 12, rdzv_backend: etcd, "
-                   "instance_type: p5en.48xlarge, cluster: fsdp-mixed, "
-                   "trainer.parallelism.sharding_strategy: SHARD_GRAD_OP}")
+    name = name_of(
+        "{model: llama3.1-8b, nodes: 16, gpus_per_node: 4, rev: 12, rdzv_backend: etcd, "
+        "instance_type: p5en.48xlarge, cluster: fsdp-mixed, "
+        "trainer.parallelism.sharding_strategy: SHARD_GRAD_OP}"
+    )
     assert len(name) <= 50 and DNS1035.match(name)
     # "-r12" does not fit: it is dropped whole (a cut "-r1" would read as rev 1); the hash covers it.
     assert re.fullmatch(r"llama3-1-8b-p5en-n16-g4-shardgradop-etcd-[0-9a-f]{6}", name)

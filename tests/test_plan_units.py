@@ -1,15 +1,16 @@
 """Planning: catalog lookups, GPU/EFA resolution, topology and memory checks, resolved trainer config."""
+
 from __future__ import annotations
 
 import re
 
 import pytest
-
-from trainer.catalog import INSTANCE_TYPES, MODELS, efa_for
-from generators.core.errors import InputError
-from trainer.memory import estimate_peak_gib as estimate_gpu_memory_gib
 from matrix_support import GOOD, HEADER, line_of, plans
+
+from generators.core.errors import InputError
+from trainer.catalog import INSTANCE_TYPES, MODELS, efa_for
 from trainer.config import from_dict
+from trainer.memory import estimate_peak_gib as estimate_gpu_memory_gib
 
 DEFAULTS = """\
 defaults:
@@ -39,16 +40,26 @@ def test_instance_catalog_figures():
         "p5e.48xlarge": (8, "H200", 141, 32, 192, 2048),
         "p5en.48xlarge": (8, "H200", 141, 16, 192, 2048),
     }
-    got = {n: (t.num_gpus, t.gpu_model, t.gpu_memory_gib, t.num_efa, t.num_vcpus, t.host_memory_gib)
-           for n, t in INSTANCE_TYPES.items()}
+    got = {
+        n: (t.num_gpus, t.gpu_model, t.gpu_memory_gib, t.num_efa, t.num_vcpus, t.host_memory_gib)
+        for n, t in INSTANCE_TYPES.items()
+    }
     assert got == expected
     assert all(t.efa_rdma for t in INSTANCE_TYPES.values())
 
 
-@pytest.mark.parametrize("itype, gpus, efa", [
-    ("p5.48xlarge", 8, 32), ("p5.48xlarge", 4, 16), ("p5.48xlarge", 1, 4),
-    ("p4de.24xlarge", 8, 4), ("p4de.24xlarge", 2, 1), ("p4de.24xlarge", 1, 1), ("p5en.48xlarge", 3, 6),
-])
+@pytest.mark.parametrize(
+    "itype, gpus, efa",
+    [
+        ("p5.48xlarge", 8, 32),
+        ("p5.48xlarge", 4, 16),
+        ("p5.48xlarge", 1, 4),
+        ("p4de.24xlarge", 8, 4),
+        ("p4de.24xlarge", 2, 1),
+        ("p4de.24xlarge", 1, 1),
+        ("p5en.48xlarge", 3, 6),
+    ],
+)
 def test_efa_share_follows_the_gpu_share(itype, gpus, efa):
     assert efa_for(INSTANCE_TYPES[itype], gpus) == efa
 
@@ -56,7 +67,12 @@ def test_efa_share_follows_the_gpu_share(itype, gpus, efa):
 def test_plan_of_a_full_node_run():
     p = one("{model: llama2-13b, nodes: 2}")
     assert (p.cluster, p.namespace, p.instance_type, p.gpu_model, p.gpu_memory_gib) == (
-        "fsdp-p5", "fsdp", "p5.48xlarge", "H100", 80)
+        "fsdp-p5",
+        "fsdp",
+        "p5.48xlarge",
+        "H100",
+        80,
+    )
     assert (p.nodes, p.gpus_per_node, p.world_size, p.efa_per_node, p.efa_rdma) == (2, 8, 16, 32, True)
     assert (p.sharding, p.shard_group_size, p.hf_id) == ("FULL_SHARD", 16, "meta-llama/Llama-2-13b-hf")
     assert p.overlay_dir == f"runs/fsdp-p5/{p.name}"
@@ -75,7 +91,10 @@ def test_resolved_trainer_config_carries_model_and_per_run_paths():
 def test_trainer_model_path_can_be_overridden():
     p = one("{model: tiny, nodes: 1, trainer.model.path: ''}")
     assert p.trainer.model.path == ""
-    assert one("{model: llama2-7b, nodes: 1, trainer.model.path: /shared/models/l7}").trainer.model.path == "/shared/models/l7"
+    assert (
+        one("{model: llama2-7b, nodes: 1, trainer.model.path: /shared/models/l7}").trainer.model.path
+        == "/shared/models/l7"
+    )
 
 
 def test_etcd_rendezvous_uses_the_shared_server():
@@ -121,10 +140,15 @@ def test_nodes_above_the_cluster_maximum():
 
 
 def test_hybrid_shard_group_must_divide_the_world_size():
-    text = HEADER + DEFAULTS + "include:\n  - model: llama2-7b\n    nodes: 2\n" \
+    text = (
+        HEADER + DEFAULTS + "include:\n  - model: llama2-7b\n    nodes: 2\n"
         "    trainer.parallelism: {sharding_strategy: HYBRID_SHARD, shard_group_size: 3}\n"
+    )
     err = fails(text)
-    assert (err.key, err.line) == ("include[0].trainer.parallelism.shard_group_size", line_of(text, "shard_group_size: 3"))
+    assert (err.key, err.line) == (
+        "include[0].trainer.parallelism.shard_group_size",
+        line_of(text, "shard_group_size: 3"),
+    )
     assert "does not divide the world size 16" in err.message
     ok = plans(text.replace("shard_group_size: 3", "shard_group_size: 4"))[0]
     assert (ok.sharding, ok.shard_group_size) == ("HYBRID_SHARD", 4)
@@ -133,8 +157,10 @@ def test_hybrid_shard_group_must_divide_the_world_size():
 
 
 def test_trainer_value_errors_point_at_the_line_that_set_them():
-    text = GOOD.replace("      path: /shared/data/samsum/train.jsonl",
-                        "      path: /shared/data/samsum/train.jsonl\n    training:\n      lr: -1.0")
+    text = GOOD.replace(
+        "      path: /shared/data/samsum/train.jsonl",
+        "      path: /shared/data/samsum/train.jsonl\n    training:\n      lr: -1.0",
+    )
     err = fails(text)
     assert (err.key, err.line) == ("defaults.trainer.training.lr", line_of(text, "lr: -1.0"))
     assert err.message == "must be a positive number"
@@ -155,8 +181,9 @@ def test_wrong_trainer_type_and_literal():
 
 @pytest.mark.parametrize("key", ["model.name", "checkpoint.dir", "metrics.output_dir"])
 def test_keys_the_planner_owns_cannot_be_set(key):
-    text = GOOD.replace("      path: /shared/data/samsum/train.jsonl",
-                        f"      path: /shared/data/samsum/train.jsonl\n    {key}: x")
+    text = GOOD.replace(
+        "      path: /shared/data/samsum/train.jsonl", f"      path: /shared/data/samsum/train.jsonl\n    {key}: x"
+    )
     err = fails(text)
     assert err.key == f"defaults.trainer.{key}"
     assert "set by the generator" in err.message
@@ -177,11 +204,22 @@ def test_memory_estimate_orders_strategies_and_scales_with_sharding():
     cfg = from_dict({"model": {"name": "llama2-13b"}, "data": {"path": "x"}, "training": {"batch_size_per_gpu": 3}})
     full8, full16 = estimate_gpu_memory_gib(arch, cfg, 8, "full"), estimate_gpu_memory_gib(arch, cfg, 16, "full")
     assert full16 < full8
-    grad_op = from_dict({**{"model": {"name": "llama2-13b"}, "data": {"path": "x"}},
-                         "training": {"batch_size_per_gpu": 3}, "parallelism": {"sharding_strategy": "SHARD_GRAD_OP"}})
+    grad_op = from_dict(
+        {
+            **{"model": {"name": "llama2-13b"}, "data": {"path": "x"}},
+            "training": {"batch_size_per_gpu": 3},
+            "parallelism": {"sharding_strategy": "SHARD_GRAD_OP"},
+        }
+    )
     assert estimate_gpu_memory_gib(arch, grad_op, 16, "full") > full16  # keeps every parameter gathered
-    no_ac = from_dict({"model": {"name": "llama2-13b"}, "data": {"path": "x"}, "training": {"batch_size_per_gpu": 3},
-                       "parallelism": {"activation_checkpointing": "none"}})
+    no_ac = from_dict(
+        {
+            "model": {"name": "llama2-13b"},
+            "data": {"path": "x"},
+            "training": {"batch_size_per_gpu": 3},
+            "parallelism": {"activation_checkpointing": "none"},
+        }
+    )
     assert estimate_gpu_memory_gib(arch, no_ac, 16) > full16 + 20
 
 
@@ -200,9 +238,10 @@ def test_same_run_twice_is_an_error():
 
 
 def test_the_seed_matrix_plans_thirty_runs_without_70b_below_four_nodes():
+    from matrix_support import REPO_ROOT
+
     from generators.matrix import expand, load
     from generators.plan import plan_runs
-    from matrix_support import REPO_ROOT
 
     m = load(str(REPO_ROOT / "matrix.yaml"))
     seed = plan_runs(m, expand(m))
@@ -210,6 +249,8 @@ def test_the_seed_matrix_plans_thirty_runs_without_70b_below_four_nodes():
     assert {p.cluster for p in seed} == {"fsdp-p4de", "fsdp-p5"}
     assert min(p.nodes for p in seed if p.model == "llama2-70b") == 4
     two_node_13b = {(p.cluster, p.sharding) for p in seed if p.model == "llama2-13b" and p.nodes == 2}
-    assert two_node_13b == {(c, s) for c in ("fsdp-p4de", "fsdp-p5") for s in ("FULL_SHARD", "HYBRID_SHARD", "SHARD_GRAD_OP")}
+    assert two_node_13b == {
+        (c, s) for c in ("fsdp-p4de", "fsdp-p5") for s in ("FULL_SHARD", "HYBRID_SHARD", "SHARD_GRAD_OP")
+    }
     assert all(p.trainer.training.num_epochs == 5 and p.trainer.training.batch_size_per_gpu == 3 for p in seed)
     assert all(p.trainer.parallelism.precision == "bf16" for p in seed)

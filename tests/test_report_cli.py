@@ -1,5 +1,6 @@
 """The report CLI through Click's CliRunner (and once as a real process): the table on stdout, the
 files under --out, determinism, and bad input as one line on stderr with exit 2 and nothing written."""
+
 from __future__ import annotations
 
 import json
@@ -9,9 +10,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from report_support import bench_record, run_info, write_jsonl, write_run
 
 from generators.report import main
-from report_support import bench_record, run_info, write_jsonl, write_run
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,8 +23,15 @@ def invoke(*args: str):
 
 @pytest.fixture
 def results(tmp_path: Path) -> Path:
-    return write_jsonl(tmp_path / "bench.jsonl", [bench_record("fsdp2", 1, 10000.0), bench_record("fsdp2", 2, 9700.0),
-                                                   bench_record("fsdp1", 1, 6000.0), bench_record("fsdp1", 2, 5400.0)])
+    return write_jsonl(
+        tmp_path / "bench.jsonl",
+        [
+            bench_record("fsdp2", 1, 10000.0),
+            bench_record("fsdp2", 2, 9700.0),
+            bench_record("fsdp1", 1, 6000.0),
+            bench_record("fsdp1", 2, 5400.0),
+        ],
+    )
 
 
 def test_table_on_stdout_and_nothing_written_without_out(results, tmp_path):
@@ -64,8 +72,13 @@ def test_baseline_world_size_option(results):
 
 
 def test_runs_from_the_command_line_as_a_script(results):
-    proc = subprocess.run([sys.executable, "generators/report.py", str(results)], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "generators/report.py", str(results)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0].startswith("| series ")
 
@@ -87,27 +100,67 @@ BAD_INPUTS = [
     ("no-input", {}, [], ["INPUT: no INPUT given (empty input); fix:"]),
     ("not-json", {"b.jsonl": line(GOOD) + "{oops\n"}, ["b.jsonl"], ["b.jsonl:2: not JSON (", "column 2)"]),
     ("not-an-object", {"b.jsonl": "[1, 2]\n"}, ["b.jsonl"], ["b.jsonl:1: a JSON list, not an object"]),
-    ("missing-key", {"b.jsonl": line(GOOD) + line(without(GOOD, "tokens_per_s_per_gpu"))}, ["b.jsonl"],
-     ["b.jsonl:2: tokens_per_s_per_gpu: missing; fix: pass JSON lines written by benchmarks/common.py emit()"]),
-    ("string-world-size", {"b.jsonl": line({**GOOD, "world_size": "2"})}, ["b.jsonl"],
-     ['b.jsonl:1: world_size: must be an integer >= 1, got "2"']),
-    ("bool-world-size", {"b.jsonl": line({**GOOD, "world_size": True})}, ["b.jsonl"],
-     ["b.jsonl:1: world_size: must be an integer >= 1, got true"]),
-    ("nan-throughput", {"b.jsonl": line(GOOD).replace('"tokens_per_s_per_gpu": 100.0', '"tokens_per_s_per_gpu": NaN')},
-     ["b.jsonl"], ["b.jsonl:1: tokens_per_s_per_gpu: must be a finite number > 0, got NaN"]),
-    ("zero-throughput", {"b.jsonl": line({**GOOD, "tokens_per_s_per_gpu": 0})}, ["b.jsonl"],
-     ["b.jsonl:1: tokens_per_s_per_gpu: must be a finite number > 0, got 0"]),
+    (
+        "missing-key",
+        {"b.jsonl": line(GOOD) + line(without(GOOD, "tokens_per_s_per_gpu"))},
+        ["b.jsonl"],
+        ["b.jsonl:2: tokens_per_s_per_gpu: missing; fix: pass JSON lines written by benchmarks/common.py emit()"],
+    ),
+    (
+        "string-world-size",
+        {"b.jsonl": line({**GOOD, "world_size": "2"})},
+        ["b.jsonl"],
+        ['b.jsonl:1: world_size: must be an integer >= 1, got "2"'],
+    ),
+    (
+        "bool-world-size",
+        {"b.jsonl": line({**GOOD, "world_size": True})},
+        ["b.jsonl"],
+        ["b.jsonl:1: world_size: must be an integer >= 1, got true"],
+    ),
+    (
+        "nan-throughput",
+        {"b.jsonl": line(GOOD).replace('"tokens_per_s_per_gpu": 100.0', '"tokens_per_s_per_gpu": NaN')},
+        ["b.jsonl"],
+        ["b.jsonl:1: tokens_per_s_per_gpu: must be a finite number > 0, got NaN"],
+    ),
+    (
+        "zero-throughput",
+        {"b.jsonl": line({**GOOD, "tokens_per_s_per_gpu": 0})},
+        ["b.jsonl"],
+        ["b.jsonl:1: tokens_per_s_per_gpu: must be a finite number > 0, got 0"],
+    ),
     ("empty-name", {"b.jsonl": line({**GOOD, "name": " "})}, ["b.jsonl"], ["b.jsonl:1: name: must be a non-empty"]),
-    ("not-utf8", {"b.jsonl": line(GOOD).encode() + b'{"name": "\xff"}\n'}, ["b.jsonl"],
-     ["b.jsonl:2: is not UTF-8 text"]),
-    ("baseline-zero", {"b.jsonl": line(GOOD)}, ["b.jsonl", "--baseline-world-size", "0"],
-     ["--baseline-world-size: must be at least 1, got 0"]),
-    ("baseline-absent", {"b.jsonl": line(GOOD)}, ["b.jsonl", "--baseline-world-size", "8"],
-     ["--baseline-world-size: series 's' has no measurement at 8 GPUs (it has 1)"]),
-    ("negative-warmup", {"b.jsonl": line(GOOD)}, ["b.jsonl", "--warmup-logs", "-1"],
-     ["--warmup-logs: must be 0 or more, got -1"]),
-    ("out-is-a-file", {"b.jsonl": line(GOOD), "taken": "x"}, ["b.jsonl", "--out", "taken"],
-     ["--out taken: is a file, not a directory"]),
+    (
+        "not-utf8",
+        {"b.jsonl": line(GOOD).encode() + b'{"name": "\xff"}\n'},
+        ["b.jsonl"],
+        ["b.jsonl:2: is not UTF-8 text"],
+    ),
+    (
+        "baseline-zero",
+        {"b.jsonl": line(GOOD)},
+        ["b.jsonl", "--baseline-world-size", "0"],
+        ["--baseline-world-size: must be at least 1, got 0"],
+    ),
+    (
+        "baseline-absent",
+        {"b.jsonl": line(GOOD)},
+        ["b.jsonl", "--baseline-world-size", "8"],
+        ["--baseline-world-size: series 's' has no measurement at 8 GPUs (it has 1)"],
+    ),
+    (
+        "negative-warmup",
+        {"b.jsonl": line(GOOD)},
+        ["b.jsonl", "--warmup-logs", "-1"],
+        ["--warmup-logs: must be 0 or more, got -1"],
+    ),
+    (
+        "out-is-a-file",
+        {"b.jsonl": line(GOOD), "taken": "x"},
+        ["b.jsonl", "--out", "taken"],
+        ["--out taken: is a file, not a directory"],
+    ),
 ]
 
 
@@ -139,8 +192,9 @@ def test_bad_trainer_runs_name_the_file_line_and_key(tmp_path, monkeypatch):
     no_info = write_run(Path("no-info"), 1, [100.0] * 5)
     (no_info / "run.json").unlink()
     broken = write_run(Path("broken"), 1, [100.0] * 5)
-    (broken / "metrics.jsonl").write_text((broken / "metrics.jsonl").read_text().replace('"step_time_s": 0.1',
-                                                                                          '"step_time_s": -1', 1))
+    (broken / "metrics.jsonl").write_text(
+        (broken / "metrics.jsonl").read_text().replace('"step_time_s": 0.1', '"step_time_s": -1', 1)
+    )
     info = run_info(1)
     del info["world_size"]
     write_run(Path("no-world"), 1, [100.0] * 5, info=info)

@@ -2,37 +2,49 @@
 checkpointing) across world sizes: a results file with two models under one benchmark name reports
 each model on its own, with the efficiencies computed by hand, and every measured run has the speed
 model's prediction beside it."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from report_support import bench_record, run_info, write_jsonl, write_run
 
 from generators.report import main
 from generators.results import render as report
 from generators.results.measurements import load, summarise
-from report_support import bench_record, run_info, write_jsonl, write_run
 
 
 def config(model: str, batch: int = 2, checkpointing: str = "none") -> dict:
     """A benchmarks/common.py config as train_bench.py records it."""
-    return {"model": model, "seq_len": 4096, "batch_size_per_gpu": batch, "grad_accum_steps": 1,
-            "parallelism.sharding_strategy": "FULL_SHARD", "parallelism.precision": "bf16",
-            "parallelism.activation_checkpointing": checkpointing, "parallelism.compile": True,
-            "parallelism.selective_ac_every": 2, "training.bf16_optimizer_state": False,
-            "training.loss_impl": "chunked"}
+    return {
+        "model": model,
+        "seq_len": 4096,
+        "batch_size_per_gpu": batch,
+        "grad_accum_steps": 1,
+        "parallelism.sharding_strategy": "FULL_SHARD",
+        "parallelism.precision": "bf16",
+        "parallelism.activation_checkpointing": checkpointing,
+        "parallelism.compile": True,
+        "parallelism.selective_ac_every": 2,
+        "training.bf16_optimizer_state": False,
+        "training.loss_impl": "chunked",
+    }
 
 
 @pytest.fixture
 def two_models(tmp_path: Path) -> Path:
     """One benchmark name, two models, 1 and 2 GPUs each (as one suite run over models writes it)."""
-    return write_jsonl(tmp_path / "h200x2.jsonl", [
-        bench_record("default", 1, 11000.0, config=config("llama2-7b")),
-        bench_record("default", 2, 11110.0, config=config("llama2-7b")),
-        bench_record("default", 1, 8000.0, config=config("llama3.1-8b", checkpointing="full")),
-        bench_record("default", 2, 7600.0, config=config("llama3.1-8b", checkpointing="full")),
-    ])
+    return write_jsonl(
+        tmp_path / "h200x2.jsonl",
+        [
+            bench_record("default", 1, 11000.0, config=config("llama2-7b")),
+            bench_record("default", 2, 11110.0, config=config("llama2-7b")),
+            bench_record("default", 1, 8000.0, config=config("llama3.1-8b", checkpointing="full")),
+            bench_record("default", 2, 7600.0, config=config("llama3.1-8b", checkpointing="full")),
+        ],
+    )
 
 
 def test_each_model_is_its_own_series_with_hand_computed_efficiencies(two_models):
@@ -49,8 +61,13 @@ def test_each_model_is_its_own_series_with_hand_computed_efficiencies(two_models
 
 
 def test_a_name_with_one_configuration_keeps_its_name(tmp_path):
-    path = write_jsonl(tmp_path / "b.jsonl", [bench_record("default", 1, 11000.0, config=config("llama2-7b")),
-                                              bench_record("default", 2, 10900.0, config=config("llama2-7b"))])
+    path = write_jsonl(
+        tmp_path / "b.jsonl",
+        [
+            bench_record("default", 1, 11000.0, config=config("llama2-7b")),
+            bench_record("default", 2, 10900.0, config=config("llama2-7b")),
+        ],
+    )
     assert {p.series for p in summarise(load([str(path)], 3))} == {"default"}
 
 

@@ -1,5 +1,6 @@
 """The report over real trainer runs: the tiny model trained by torchrun on CPU with 1 and 2 ranks,
 both run directories fed to the report CLI."""
+
 from __future__ import annotations
 
 import math
@@ -25,12 +26,27 @@ TIMEOUT_S = 240
 
 
 def torchrun(nproc: int, out: Path) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    }
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")])))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "trainer.train", "--config", "trainer/configs/tiny.yaml", f"training.max_steps={STEPS}",
-           f"checkpoint.dir={out / 'ckpt'}", f"metrics.output_dir={out / 'metrics'}", "checkpoint.export_dir="]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "trainer.train",
+        "--config",
+        "trainer/configs/tiny.yaml",
+        f"training.max_steps={STEPS}",
+        f"checkpoint.dir={out / 'ckpt'}",
+        f"metrics.output_dir={out / 'metrics'}",
+        "checkpoint.export_dir=",
+    ]
     return subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

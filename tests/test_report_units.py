@@ -1,5 +1,6 @@
 """The scaling report's core: reading benchmark lines and trainer runs, series and efficiency, the
 Markdown table and the SVG charts (well-formed, one polyline per series, deterministic bytes)."""
+
 from __future__ import annotations
 
 import json
@@ -9,12 +10,12 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from report_support import bench_record, run_info, step_record, write_jsonl, write_run
 
 from generators.core.errors import InputError
 from generators.results import render as report
 from generators.results.measurements import load, load_benchmarks, load_run, summarise
 from generators.results.svgchart import nice_ticks
-from report_support import bench_record, run_info, step_record, write_jsonl, write_run
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -22,15 +23,18 @@ SVG = "{http://www.w3.org/2000/svg}"
 @pytest.fixture
 def scaling(tmp_path: Path) -> Path:
     """Two series over 1-8 GPUs and one measured at 1 GPU only, in an unsorted file."""
-    return write_jsonl(tmp_path / "bench.jsonl", [
-        bench_record("fsdp2", 4, 9000.0),
-        bench_record("fsdp2", 1, 10000.0),
-        bench_record("baseline", 1, 6000.0),
-        bench_record("fsdp2", 2, 9500.0),
-        bench_record("fsdp2", 8, 8800.0),
-        bench_record("baseline", 8, 4800.0),
-        bench_record("eager", 1, 7000.0),
-    ])
+    return write_jsonl(
+        tmp_path / "bench.jsonl",
+        [
+            bench_record("fsdp2", 4, 9000.0),
+            bench_record("fsdp2", 1, 10000.0),
+            bench_record("baseline", 1, 6000.0),
+            bench_record("fsdp2", 2, 9500.0),
+            bench_record("fsdp2", 8, 8800.0),
+            bench_record("baseline", 8, 4800.0),
+            bench_record("eager", 1, 7000.0),
+        ],
+    )
 
 
 def by_key(points):
@@ -61,7 +65,14 @@ def test_a_benchmark_without_peak_memory_has_none(tmp_path):
 def test_series_sorted_by_name_points_by_world_size(scaling):
     points = summarise(load([str(scaling)], 3))
     assert [(p.series, p.world_size) for p in points] == [
-        ("baseline", 1), ("baseline", 8), ("eager", 1), ("fsdp2", 1), ("fsdp2", 2), ("fsdp2", 4), ("fsdp2", 8)]
+        ("baseline", 1),
+        ("baseline", 8),
+        ("eager", 1),
+        ("fsdp2", 1),
+        ("fsdp2", 2),
+        ("fsdp2", 4),
+        ("fsdp2", 8),
+    ]
 
 
 def test_efficiency_is_per_gpu_throughput_over_the_smallest_world_size_of_the_series(scaling):
@@ -78,8 +89,9 @@ def test_efficiency_is_per_gpu_throughput_over_the_smallest_world_size_of_the_se
 
 
 def test_an_explicit_baseline_world_size_is_100_percent(tmp_path):
-    path = write_jsonl(tmp_path / "b.jsonl", [bench_record("s", n, t) for n, t in ((1, 1000.0), (2, 800.0),
-                                                                                 (4, 760.0))])
+    path = write_jsonl(
+        tmp_path / "b.jsonl", [bench_record("s", n, t) for n, t in ((1, 1000.0), (2, 800.0), (4, 760.0))]
+    )
     points = by_key(summarise(load([str(path)], 3), baseline_world_size=2))
     assert points[("s", 2)].efficiency == 1.0
     assert points[("s", 4)].efficiency == pytest.approx(0.95)
@@ -111,8 +123,10 @@ def test_figures_do_not_depend_on_input_order(scaling):
     assert shuffled != measurements
     strip = lambda points: [(p.series, p.world_size, p.efficiency, p.tokens_per_s) for p in points]  # noqa: E731
     assert strip(summarise(shuffled)) == strip(summarise(measurements))
-    assert report.render(summarise(shuffled), None)["scaling.svg"] == report.render(summarise(measurements),
-                                                                                     None)["scaling.svg"]
+    assert (
+        report.render(summarise(shuffled), None)["scaling.svg"]
+        == report.render(summarise(measurements), None)["scaling.svg"]
+    )
 
 
 # --- trainer runs ----------------------------------------------------------------------------------
@@ -152,12 +166,16 @@ def test_every_launch_of_a_run_drops_its_own_warmup(tmp_path):
     run = tmp_path / "resumed"
     run.mkdir()
     (run / "run.json").write_text(json.dumps(run_info(2), indent=2))
-    records = ([step_record(s, 2, 1.0) for s in (1, 2)] + [step_record(s, 2, 100.0) for s in (3, 4)]
-               # a new job resumed the run from step 2: only the step going back says so
-               + [step_record(s, 2, 1.0) for s in (3, 4)] + [step_record(s, 2, 200.0) for s in (5, 6)]
-               # torchrun restarted the workers from the checkpoint of step 6: only restart_count says so
-               + [step_record(s, 2, 1.0, restart_count=1) for s in (7, 8)]
-               + [step_record(9, 2, 300.0, restart_count=1)])
+    records = (
+        [step_record(s, 2, 1.0) for s in (1, 2)]
+        + [step_record(s, 2, 100.0) for s in (3, 4)]
+        # a new job resumed the run from step 2: only the step going back says so
+        + [step_record(s, 2, 1.0) for s in (3, 4)]
+        + [step_record(s, 2, 200.0) for s in (5, 6)]
+        # torchrun restarted the workers from the checkpoint of step 6: only restart_count says so
+        + [step_record(s, 2, 1.0, restart_count=1) for s in (7, 8)]
+        + [step_record(9, 2, 300.0, restart_count=1)]
+    )
     write_jsonl(run / "metrics.jsonl", records)
     m = load_run(run, "resumed", warmup_logs=2)
     assert m.tokens_per_s_per_gpu == 200.0  # median of 100, 100, 200, 200, 300: no warm-up figure left
@@ -168,8 +186,10 @@ def test_a_run_with_only_warmup_logs_is_bad_input(tmp_path):
     run = write_run(tmp_path / "short", 1, [100.0, 100.0, 100.0])
     with pytest.raises(InputError) as err:
         load_run(run, "short", warmup_logs=3)
-    assert str(err.value).startswith(f"{Path('short') / 'metrics.jsonl'}: step: all 3 logged steps (1 launch(es)) "
-                                     "are warm-up with --warmup-logs 3; fix:")
+    assert str(err.value).startswith(
+        f"{Path('short') / 'metrics.jsonl'}: step: all 3 logged steps (1 launch(es)) "
+        "are warm-up with --warmup-logs 3; fix:"
+    )
 
 
 def test_a_logged_world_size_that_differs_from_the_run_info_is_bad_input(tmp_path):
@@ -248,8 +268,10 @@ def test_mfu_svg_has_one_polyline_per_series_and_percent_ticks(scaling):
 
 
 def test_rendering_is_byte_identical_and_svg_stays_ascii(tmp_path):
-    path = write_jsonl(tmp_path / "b.jsonl", [bench_record("llama <7b> & \u00e9t\u00e9", 1, 1000.0),
-                                              bench_record("llama <7b> & \u00e9t\u00e9", 4, 930.0)])
+    path = write_jsonl(
+        tmp_path / "b.jsonl",
+        [bench_record("llama <7b> & \u00e9t\u00e9", 1, 1000.0), bench_record("llama <7b> & \u00e9t\u00e9", 4, 930.0)],
+    )
     first = report.render(summarise(load([str(path)], 3)), None)
     second = report.render(summarise(load([str(path)], 3)), None)
     assert first == second

@@ -4,6 +4,7 @@ The checks run before torch is imported and before any process group exists, so 
 fraction of a second; the limit asserted here is the 5 s promised to users. One case goes through
 real torchrun with two ranks, where only rank 0 prints the line.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -11,7 +12,6 @@ import sys
 import time
 
 import pytest
-
 from trainer_support import REPO_ROOT, TINY, torchrun_cmd, trainer_env
 
 LIMIT_S = 5.0
@@ -24,15 +24,28 @@ CASES = [
     ("wrong type in the file", "model:\n  name: tiny\ntraining:\n  lr: fast\n", [], {}, "training.lr"),
     ("value out of range", None, ["training.grad_accum_steps=0"], {}, "training.grad_accum_steps"),
     ("unknown strategy", None, ["parallelism.sharding_strategy=ZERO3"], {}, "parallelism.sharding_strategy"),
-    ("hybrid group does not divide the world", None,
-     ["parallelism.sharding_strategy=HYBRID_SHARD", "parallelism.shard_group_size=3"],
-     {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4", "RANK": "0"}, "parallelism.shard_group_size"),
-    ("hybrid default group (one node) does not divide the world", None,
-     ["parallelism.sharding_strategy=HYBRID_SHARD"],
-     {"WORLD_SIZE": "6", "LOCAL_WORLD_SIZE": "4", "RANK": "0"}, "parallelism.shard_group_size"),
+    (
+        "hybrid group does not divide the world",
+        None,
+        ["parallelism.sharding_strategy=HYBRID_SHARD", "parallelism.shard_group_size=3"],
+        {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4", "RANK": "0"},
+        "parallelism.shard_group_size",
+    ),
+    (
+        "hybrid default group (one node) does not divide the world",
+        None,
+        ["parallelism.sharding_strategy=HYBRID_SHARD"],
+        {"WORLD_SIZE": "6", "LOCAL_WORLD_SIZE": "4", "RANK": "0"},
+        "parallelism.shard_group_size",
+    ),
     ("missing data file", None, ["data.path=tests/data/does-not-exist.jsonl"], {}, "data.path"),
-    ("missing data file in the file", "model:\n  name: tiny\ndata:\n  path: /no/such/file.jsonl\n", [], {},
-     "data.path"),
+    (
+        "missing data file in the file",
+        "model:\n  name: tiny\ndata:\n  path: /no/such/file.jsonl\n",
+        [],
+        {},
+        "data.path",
+    ),
     ("missing model directory", None, ["model.path=./no-such-checkpoint"], {}, "model.path"),
     ("unknown architecture", None, ["model.name=llama9-1t"], {}, "model.name"),
     ("missing config file", "", [], {}, "--config"),
@@ -49,8 +62,16 @@ def test_bad_config_fails_fast_with_one_line(tmp_path, text, overrides, env, key
         if text:
             config.write_text(text)
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "trainer.train", "--config", str(config), f"metrics.output_dir={out}",
-           f"checkpoint.dir={out / 'ckpt'}", *overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "trainer.train",
+        "--config",
+        str(config),
+        f"metrics.output_dir={out}",
+        f"checkpoint.dir={out / 'ckpt'}",
+        *overrides,
+    ]
     start = time.monotonic()
     done = subprocess.run(cmd, cwd=REPO_ROOT, env=trainer_env(**env), capture_output=True, text=True, timeout=60)
     elapsed = time.monotonic() - start
@@ -66,22 +87,36 @@ def test_bad_config_fails_fast_with_one_line(tmp_path, text, overrides, env, key
 def test_file_errors_name_the_line(tmp_path):
     config = tmp_path / "train.yaml"
     config.write_text("model:\n  name: tiny\ntraining:\n  max_steps: 10\n  colour: blue\n")
-    done = subprocess.run([sys.executable, "-m", "trainer.train", "--config", str(config)], cwd=REPO_ROOT,
-                          env=trainer_env(), capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "trainer.train", "--config", str(config)],
+        cwd=REPO_ROOT,
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     assert done.stderr.startswith(f"error: {config} line 5: training.colour: unknown key"), done.stderr
 
 
 @pytest.mark.slow
 def test_bad_topology_under_torchrun_reports_once(tmp_path):
-    cmd = torchrun_cmd([f"metrics.output_dir={tmp_path / 'out'}", "parallelism.sharding_strategy=HYBRID_SHARD",
-                        "parallelism.shard_group_size=3"], nproc=2)
+    cmd = torchrun_cmd(
+        [
+            f"metrics.output_dir={tmp_path / 'out'}",
+            "parallelism.sharding_strategy=HYBRID_SHARD",
+            "parallelism.shard_group_size=3",
+        ],
+        nproc=2,
+    )
     done = subprocess.run(cmd, cwd=REPO_ROOT, env=trainer_env(), capture_output=True, text=True, timeout=120)
     output = done.stdout + done.stderr
     errors = [line for line in output.splitlines() if line.startswith("error: ")]
     assert done.returncode != 0
-    assert errors == ["error: command line: parallelism.shard_group_size: HYBRID_SHARD group size 3 does not "
-                      "divide the world size 2; pick a divisor of nodes x GPUs per node"], output[-3000:]
+    assert errors == [
+        "error: command line: parallelism.shard_group_size: HYBRID_SHARD group size 3 does not "
+        "divide the world size 2; pick a divisor of nodes x GPUs per node"
+    ], output[-3000:]
     # Both workers exited with the config-error status; torchrun reports it.
     assert "exitcode: 2" in output.replace("exitcode  :", "exitcode:"), output[-3000:]
     assert not (tmp_path / "out").exists()

@@ -1,23 +1,30 @@
 """fp8 training: the config, the conversion of the decoder linears, the memory model, and a real
 2-rank torchrun run (gloo, torchao's emulated float8 matmuls) whose loss falls and whose resume is exact."""
+
 from __future__ import annotations
 
 import shutil
 
 import pytest
 import torch
+from trainer_support import losses_by_step, output_overrides, read_metrics, run
 
 from trainer.catalog import MODELS
 from trainer.config import ConfigError, from_dict
 from trainer.memory import estimate_peak_gib, resolve_auto
-from trainer_support import losses_by_step, output_overrides, read_metrics, run
 
 FP8 = ["parallelism.precision=fp8", "training.max_steps=12", "checkpoint.interval_steps=6"]
 
 
 def cfg(**parallelism):
-    return from_dict({"model": {"name": "llama2-7b"}, "data": {"format": "synthetic", "seq_len": 4096},
-                      "training": {"batch_size_per_gpu": 2}, "parallelism": parallelism})
+    return from_dict(
+        {
+            "model": {"name": "llama2-7b"},
+            "data": {"format": "synthetic", "seq_len": 4096},
+            "training": {"batch_size_per_gpu": 2},
+            "parallelism": parallelism,
+        }
+    )
 
 
 def test_fp8_all_gather_needs_fp8():
@@ -53,9 +60,14 @@ def test_memory_model_counts_fp8_and_deferred_gradient_sync():
     # Two gathered decoder layers in 1 byte instead of 2.
     layer = (arch.num_params - arch.num_embedding_params - arch.hidden_size) / arch.num_layers
     assert fp8 - fp8_ag == pytest.approx(2 * layer / 2**30)
-    accum = from_dict({"model": {"name": "llama2-7b"}, "data": {"format": "synthetic"},
-                       "training": {"batch_size_per_gpu": 2, "grad_accum_steps": 4},
-                       "parallelism": {"activation_checkpointing": "none"}})
+    accum = from_dict(
+        {
+            "model": {"name": "llama2-7b"},
+            "data": {"format": "synthetic"},
+            "training": {"batch_size_per_gpu": 2, "grad_accum_steps": 4},
+            "parallelism": {"activation_checkpointing": "none"},
+        }
+    )
     last = estimate_peak_gib(arch, accum, 2, grad_sync="last")
     every = estimate_peak_gib(arch, accum, 2, grad_sync="every")
     assert last - every == pytest.approx(arch.num_params * (4 - 4 / 2) / 2**30)

@@ -1,13 +1,12 @@
 """Gradient accumulation with one gradient reduction per optimizer step (parallelism.grad_sync=last)
 gives the same training as a reduce-scatter per micro-batch (every): a real 2-rank torchrun run each."""
+
 from __future__ import annotations
 
 import pytest
-
 from trainer_support import losses_by_step, output_overrides, read_metrics, run
 
-ACCUM = ["training.max_steps=6", "training.grad_accum_steps=3", "training.batch_size_per_gpu=2",
-         "checkpoint.dir="]
+ACCUM = ["training.max_steps=6", "training.grad_accum_steps=3", "training.batch_size_per_gpu=2", "checkpoint.dir="]
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ and only then starts that worker. The lost node is worker 0's torchrun and train
 SIGKILL together. All nodes are real torchrun agents (c10d) training the tiny config, one CPU rank
 each; the bug is tests/trainer_crash.py, the trainer with a training step that raises.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,28 +18,62 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import pytest
+from trainer_support import (
+    LAUNCH_TIMEOUT_S,
+    REPO_ROOT,
+    TINY,
+    finish,
+    free_port,
+    kill_processes_under,
+    read_metrics,
+    trainer_env,
+    worker_pids,
+)
 
 from trainer.launch import LOST_PEER
-from trainer_support import (LAUNCH_TIMEOUT_S, REPO_ROOT, TINY, finish, free_port, kill_processes_under, read_metrics,
-                             trainer_env, worker_pids)
 
 HOST = "fsdp-late-worker-0"
 BIND_HOSTS = 'mount --bind "$HOSTS" /etc/hosts || exit 99; exec "$@"'
 
 
 def node(tmp_path: Path, name: str, port: int, is_host: bool, log: Path, **env: str) -> subprocess.Popen:
-    cmd = ["unshare", "--mount", "sh", "-c", BIND_HOSTS, "sh",
-           sys.executable, "-m", "trainer.launch", "--nnodes=2", "--nproc_per_node=1", "--rdzv-backend=c10d",
-           f"--rdzv-endpoint={HOST}:{port}", "--rdzv-id=late-worker-test",
-           f"--rdzv-conf=is_host={str(is_host).lower()}",
-           "-m", "trainer.train", "--config", str(TINY), "training.max_steps=3", "checkpoint.dir=",
-           "checkpoint.export_dir=", f"metrics.output_dir={tmp_path / name / 'metrics'}"]
-    return subprocess.Popen(cmd, cwd=REPO_ROOT, env=trainer_env(HOSTS=str(tmp_path / "hosts"), **env),
-                            stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    cmd = [
+        "unshare",
+        "--mount",
+        "sh",
+        "-c",
+        BIND_HOSTS,
+        "sh",
+        sys.executable,
+        "-m",
+        "trainer.launch",
+        "--nnodes=2",
+        "--nproc_per_node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={HOST}:{port}",
+        "--rdzv-id=late-worker-test",
+        f"--rdzv-conf=is_host={str(is_host).lower()}",
+        "-m",
+        "trainer.train",
+        "--config",
+        str(TINY),
+        "training.max_steps=3",
+        "checkpoint.dir=",
+        "checkpoint.export_dir=",
+        f"metrics.output_dir={tmp_path / name / 'metrics'}",
+    ]
+    return subprocess.Popen(
+        cmd,
+        cwd=REPO_ROOT,
+        env=trainer_env(HOSTS=str(tmp_path / "hosts"), **env),
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def wait_for_line(log: Path, text: str, proc: subprocess.Popen, timeout: float = 120) -> None:
@@ -73,10 +108,27 @@ def test_a_worker_whose_rendezvous_host_appears_late_waits_and_trains(tmp_path):
 @pytest.mark.slow
 def test_a_host_that_never_resolves_fails_in_one_line_after_the_window(tmp_path):
     env = trainer_env(FSDP_RDZV_WAIT_S="2")
-    done = subprocess.run([sys.executable, "-m", "trainer.launch", "--nnodes=2", "--nproc_per_node=1",
-                           "--rdzv-backend=c10d", "--rdzv-endpoint=fsdp-never.invalid:29400", "--rdzv-id=x",
-                           "-m", "trainer.train", "--config", str(TINY)],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer.launch",
+            "--nnodes=2",
+            "--nproc_per_node=1",
+            "--rdzv-backend=c10d",
+            "--rdzv-endpoint=fsdp-never.invalid:29400",
+            "--rdzv-id=x",
+            "-m",
+            "trainer.train",
+            "--config",
+            str(TINY),
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 1, done
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "fsdp-never.invalid did not resolve within 2 s" in errors[0], done.stderr
@@ -85,12 +137,28 @@ def test_a_host_that_never_resolves_fails_in_one_line_after_the_window(tmp_path)
 
 @pytest.mark.slow
 def test_a_bad_wait_setting_is_one_line_exit_2():
-    done = subprocess.run([sys.executable, "-m", "trainer.launch", "--nnodes=2", "--rdzv-backend=c10d",
-                           "--rdzv-endpoint=somewhere:29400", "-m", "trainer.train", "--config", str(TINY)],
-                          cwd=REPO_ROOT, env=trainer_env(FSDP_RDZV_WAIT_S="ten minutes"), capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer.launch",
+            "--nnodes=2",
+            "--rdzv-backend=c10d",
+            "--rdzv-endpoint=somewhere:29400",
+            "-m",
+            "trainer.train",
+            "--config",
+            str(TINY),
+        ],
+        cwd=REPO_ROOT,
+        env=trainer_env(FSDP_RDZV_WAIT_S="ten minutes"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and done.stderr.strip().splitlines() == [
-        "error: FSDP_RDZV_WAIT_S='ten minutes': must be a number of seconds, e.g. FSDP_RDZV_WAIT_S=900"], done
+        "error: FSDP_RDZV_WAIT_S='ten minutes': must be a number of seconds, e.g. FSDP_RDZV_WAIT_S=900"
+    ], done
 
 
 @pytest.mark.slow
@@ -98,11 +166,27 @@ def test_sigterm_while_waiting_exits_143(tmp_path):
     # A pod deleted while its worker waits for the first one: a status the operator restarts, at once
     # (as a container's first process, an unhandled SIGTERM would be ignored until the grace period ends).
     log = tmp_path / "wait.log"
-    proc = subprocess.Popen([sys.executable, "-m", "trainer.launch", "--nnodes=2", "--nproc_per_node=1",
-                             "--rdzv-backend=c10d", "--rdzv-endpoint=fsdp-never.invalid:29400", "--rdzv-id=x",
-                             "-m", "trainer.train", "--config", str(TINY)],
-                            cwd=REPO_ROOT, env=trainer_env(FSDP_RDZV_WAIT_S="300"), stdout=log.open("w"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trainer.launch",
+            "--nnodes=2",
+            "--nproc_per_node=1",
+            "--rdzv-backend=c10d",
+            "--rdzv-endpoint=fsdp-never.invalid:29400",
+            "--rdzv-id=x",
+            "-m",
+            "trainer.train",
+            "--config",
+            str(TINY),
+        ],
+        cwd=REPO_ROOT,
+        env=trainer_env(FSDP_RDZV_WAIT_S="300"),
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     wait_for_line(log, "waiting for fsdp-never.invalid to resolve", proc)
     proc.send_signal(signal.SIGTERM)
     finish(proc, 60)
@@ -121,27 +205,55 @@ def no_node_outlives_its_test(tmp_path):
     kill_processes_under(tmp_path)
 
 
-def c10d_node(out: Path, name: str, port: int, is_host: bool, torchrun_args: Sequence[str] = (),
-              overrides: Sequence[str] = (), script: Sequence[str] = ("-m", "trainer.train"),
-              **env: str) -> tuple[subprocess.Popen, Path]:
+def c10d_node(
+    out: Path,
+    name: str,
+    port: int,
+    is_host: bool,
+    torchrun_args: Sequence[str] = (),
+    overrides: Sequence[str] = (),
+    script: Sequence[str] = ("-m", "trainer.train"),
+    **env: str,
+) -> tuple[subprocess.Popen, Path]:
     """One pod of a 2-node job (one CPU rank) on a c10d rendezvous at 127.0.0.1; the host serves the store.
 
     With the pods' TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (base/pytorchjob), so that torchrun's restarts
     set up the process group again."""
     (out / name).mkdir(parents=True, exist_ok=True)
     log = out / name / "launch.log"  # a restart appends to it, as to the pod's logs
-    cmd = [sys.executable, "-m", "trainer.launch", "--nnodes=2", "--nproc_per_node=1", "--rdzv-backend=c10d",
-           f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=lost-peer-test",
-           f"--rdzv-conf=is_host={str(is_host).lower()}", *torchrun_args,
-           *script, "--config", str(TINY), f"checkpoint.dir={out / 'ckpt'}", "checkpoint.export_dir=",
-           f"metrics.output_dir={out / name}", *overrides]
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=trainer_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", **env),
-                            stdout=log.open("a"), stderr=subprocess.STDOUT, start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "trainer.launch",
+        "--nnodes=2",
+        "--nproc_per_node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-id=lost-peer-test",
+        f"--rdzv-conf=is_host={str(is_host).lower()}",
+        *torchrun_args,
+        *script,
+        "--config",
+        str(TINY),
+        f"checkpoint.dir={out / 'ckpt'}",
+        "checkpoint.export_dir=",
+        f"metrics.output_dir={out / name}",
+        *overrides,
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO_ROOT,
+        env=trainer_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", **env),
+        stdout=log.open("a"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     return proc, log
 
 
-def job(out: Path, torchrun_args: Sequence[str] = (),
-        overrides: Sequence[str] = ()) -> list[tuple[subprocess.Popen, Path]]:
+def job(
+    out: Path, torchrun_args: Sequence[str] = (), overrides: Sequence[str] = ()
+) -> list[tuple[subprocess.Popen, Path]]:
     """Worker 0 (serves the store) and worker 1 of one job, with checkpoints in out/ckpt."""
     port = free_port()
     return [c10d_node(out, f"worker-{i}", port, i == 0, torchrun_args, overrides) for i in (0, 1)]
@@ -202,13 +314,16 @@ def test_losing_worker_0s_node_is_a_restartable_exit_and_the_restarted_job_resum
     step = int(ckpt.name.removeprefix("step-"))
     for name in ("worker-0", "worker-1"):
         (tmp_path / name / "metrics.jsonl").unlink(missing_ok=True)
-    restarted = job(tmp_path, ["--max-restarts=3"], ["checkpoint.interval_steps=2",
-                                                      f"training.max_steps={step + 2}"])
+    restarted = job(tmp_path, ["--max-restarts=3"], ["checkpoint.interval_steps=2", f"training.max_steps={step + 2}"])
     logs = [finish_log(proc, log, LAUNCH_TIMEOUT_S) for proc, log in restarted]
     assert [proc.returncode for proc, _ in restarted] == [0, 0], "\n".join(log[-3000:] for log in logs)
     assert any(f"resumed from {ckpt} at step {step}" in log for log in logs), "\n".join(logs)
-    records = [json.loads(line) for path in tmp_path.glob("worker-*/metrics.jsonl")
-               for line in path.read_text().splitlines() if line.strip()]
+    records = [
+        json.loads(line)
+        for path in tmp_path.glob("worker-*/metrics.jsonl")
+        for line in path.read_text().splitlines()
+        if line.strip()
+    ]
     assert [r["step"] for r in records] == [step + 1, step + 2]
 
 
@@ -230,11 +345,26 @@ def test_workers_whose_collectives_broke_with_the_lost_node_are_restartable_too(
 def test_an_exception_in_the_trainer_stays_a_permanent_exit_1(tmp_path):
     # One node, two ranks: rank 1 raises, rank 0 fails in the collective it broke (exit 1, as a worker
     # whose peer node went away). The store still answers, so it is the trainer's failure.
-    done = subprocess.run([sys.executable, "-m", "trainer.launch", "--standalone", "--nproc_per_node=2",
-                           str(CRASH), "--config", str(TINY), f"checkpoint.dir={tmp_path / 'ckpt'}",
-                           "checkpoint.export_dir=", f"metrics.output_dir={tmp_path / 'metrics'}"],
-                          cwd=REPO_ROOT, env=trainer_env(FSDP_TEST_CRASH_AT_STEP="2", FSDP_TEST_CRASH_RANK="1"),
-                          capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer.launch",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(CRASH),
+            "--config",
+            str(TINY),
+            f"checkpoint.dir={tmp_path / 'ckpt'}",
+            "checkpoint.export_dir=",
+            f"metrics.output_dir={tmp_path / 'metrics'}",
+        ],
+        cwd=REPO_ROOT,
+        env=trainer_env(FSDP_TEST_CRASH_AT_STEP="2", FSDP_TEST_CRASH_RANK="1"),
+        capture_output=True,
+        text=True,
+        timeout=LAUNCH_TIMEOUT_S,
+    )
     out = done.stdout + done.stderr
     assert done.returncode == 1, out[-4000:]
     assert "injected bug in the training step" in out and re.search(r"Connection (closed|reset) by peer", out)
@@ -249,9 +379,12 @@ def test_an_exception_in_the_trainer_of_another_node_fails_the_job(tmp_path):
     # restartPolicy ExitCode one permanent exit fails the job. Worker 1 ends with 1, or with 200 when
     # worker 0 was gone first.
     port = free_port()
-    nodes = [c10d_node(tmp_path, "worker-0", port, True, ["--max-restarts=1"]),
-             c10d_node(tmp_path, "worker-1", port, False, ["--max-restarts=1"], script=[str(CRASH)],
-                       FSDP_TEST_CRASH_AT_STEP="2")]
+    nodes = [
+        c10d_node(tmp_path, "worker-0", port, True, ["--max-restarts=1"]),
+        c10d_node(
+            tmp_path, "worker-1", port, False, ["--max-restarts=1"], script=[str(CRASH)], FSDP_TEST_CRASH_AT_STEP="2"
+        ),
+    ]
     logs = [finish_log(proc, log, LAUNCH_TIMEOUT_S) for proc, log in nodes]
     codes = [proc.returncode for proc, _ in nodes]
     assert codes[0] == 1 and codes[1] in (1, LOST_PEER), f"{codes}:\n" + "\n".join(log[-3000:] for log in logs)

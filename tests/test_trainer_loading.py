@@ -10,6 +10,7 @@ The run takes one optimizer step with a learning rate of 1e-30 (no weight moves 
 a consolidated checkpoint, which must equal the original file tensor for tensor, bit for bit: the
 slices were read from the right offsets and put back together in the right order.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,6 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
-
 from trainer_support import output_overrides, run
 
 # Loads weights in real torchrun processes.
@@ -28,8 +28,15 @@ def test_load_from_weights_stays_below_one_full_copy_per_rank(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
-                         num_attention_heads=8, num_key_value_heads=8, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=32000,
+        hidden_size=512,
+        intermediate_size=1408,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        tie_word_embeddings=False,
+    )
     source = tmp_path / "source"
     model = LlamaForCausalLM(config)
     with torch.no_grad():
@@ -43,10 +50,22 @@ def test_load_from_weights_stays_below_one_full_copy_per_rank(tmp_path):
     assert 50e6 < num_params < 100e6
 
     export = tmp_path / "export"
-    run([*output_overrides(tmp_path), f"model.path={source}", "data.format=synthetic", "data.seq_len=64",
-         "data.num_synthetic_samples=16", "training.batch_size_per_gpu=1", "training.max_steps=1",
-         "training.lr=1e-30", "training.warmup_steps=0", "parallelism.activation_checkpointing=none",
-         "checkpoint.dir=", f"checkpoint.export_dir={export}"])
+    run(
+        [
+            *output_overrides(tmp_path),
+            f"model.path={source}",
+            "data.format=synthetic",
+            "data.seq_len=64",
+            "data.num_synthetic_samples=16",
+            "training.batch_size_per_gpu=1",
+            "training.max_steps=1",
+            "training.lr=1e-30",
+            "training.warmup_steps=0",
+            "parallelism.activation_checkpointing=none",
+            "checkpoint.dir=",
+            f"checkpoint.export_dir={export}",
+        ]
+    )
 
     run_info = json.loads((tmp_path / "metrics" / "run.json").read_text())
     assert run_info["num_params"] == num_params
@@ -60,5 +79,7 @@ def test_load_from_weights_stays_below_one_full_copy_per_rank(tmp_path):
     assert sorted(exported) == sorted(original)
     for name, tensor in original.items():
         differ = exported[name] != tensor
-        assert not differ.any(), (f"{name}: {int(differ.sum())} values differ, e.g. {tensor[differ][:3].tolist()} "
-                                  f"-> {exported[name][differ][:3].tolist()}")
+        assert not differ.any(), (
+            f"{name}: {int(differ.sum())} values differ, e.g. {tensor[differ][:3].tolist()} "
+            f"-> {exported[name][differ][:3].tolist()}"
+        )

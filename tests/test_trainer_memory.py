@@ -1,17 +1,23 @@
 """The shared peak-memory model and the `auto` activation-checkpointing choice."""
+
 from __future__ import annotations
 
 import pytest
 
 from trainer.catalog import MODELS
-from trainer.config import from_dict
-from trainer.config import check_topology
+from trainer.config import check_topology, from_dict
 from trainer.memory import FIT_FRACTION, choose_activation_checkpointing, estimate_peak_gib, resolve_auto
 
 
 def cfg_for(model: str, batch: int, **parallelism):
-    return from_dict({"model": {"name": model}, "data": {"format": "synthetic", "seq_len": 4096},
-                      "training": {"batch_size_per_gpu": batch}, "parallelism": parallelism})
+    return from_dict(
+        {
+            "model": {"name": model},
+            "data": {"format": "synthetic", "seq_len": 4096},
+            "training": {"batch_size_per_gpu": batch},
+            "parallelism": parallelism,
+        }
+    )
 
 
 def test_estimate_is_above_the_peaks_measured_on_one_h200():
@@ -66,9 +72,16 @@ def test_estimate_refuses_unresolved_auto():
         estimate_peak_gib(MODELS["tiny"], cfg_for("tiny", 1), 1)
 
 
-@pytest.mark.parametrize("strategy,group,expected", [("FULL_SHARD", 0, 16), ("SHARD_GRAD_OP", 0, 16),
-                                                     ("HYBRID_SHARD", 0, 8), ("HYBRID_SHARD", 4, 4),
-                                                     ("NO_SHARD", 0, 1)])
+@pytest.mark.parametrize(
+    "strategy,group,expected",
+    [
+        ("FULL_SHARD", 0, 16),
+        ("SHARD_GRAD_OP", 0, 16),
+        ("HYBRID_SHARD", 0, 8),
+        ("HYBRID_SHARD", 4, 4),
+        ("NO_SHARD", 0, 1),
+    ],
+)
 def test_shard_size_follows_the_strategy(strategy, group, expected):
     par = cfg_for("tiny", 1, sharding_strategy=strategy, shard_group_size=group).parallelism
     assert check_topology(par, 16, 8) == expected

@@ -1,6 +1,7 @@
 """MFU's FLOPs per token by the common convention (PaLM appendix B, torchtitan): 6 x every parameter
 except the input embedding (the lm_head counts) + 12 x layers x heads x head_dim x sequence length,
 checked against figures computed by hand from the published architectures."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,10 +11,10 @@ from trainer.catalog import MODELS
 
 def test_llama2_7b_by_hand():
     # h 4096, 32 layers, 32 heads (MHA), intermediate 11008, vocabulary 32000.
-    per_layer = 4 * 4096 * 4096 + 3 * 4096 * 11008 + 2 * 4096       # q k v o, gate up down, 2 norms
-    counted = 32 * per_layer + 4096 + 32000 * 4096                     # final norm, lm_head; no embedding
+    per_layer = 4 * 4096 * 4096 + 3 * 4096 * 11008 + 2 * 4096  # q k v o, gate up down, 2 norms
+    counted = 32 * per_layer + 4096 + 32000 * 4096  # final norm, lm_head; no embedding
     assert counted == 6_607_343_616
-    expected = 6 * counted + 12 * 32 * 32 * 128 * 4096                 # 39.644e9 + 6.442e9
+    expected = 6 * counted + 12 * 32 * 32 * 128 * 4096  # 39.644e9 + 6.442e9
     assert MODELS["llama2-7b"].flops_per_token(4096) == expected == 46_086_512_640
 
 

@@ -1,5 +1,6 @@
 """The NCCL pre-flight program: transport detection on recorded NCCL logs, the pass/fail rule, and the
 program itself under real torchrun (gloo on CPU): one JSON line from rank 0, exit 0 or 1."""
+
 from __future__ import annotations
 
 import json
@@ -8,19 +9,22 @@ import sys
 from pathlib import Path
 
 import pytest
+from trainer_support import REPO_ROOT, trainer_env
 
 from trainer.preflight import bus_bandwidth, detect_transport, judge
-from trainer_support import REPO_ROOT, trainer_env
 
 LOGS = Path(__file__).resolve().parent / "data" / "nccl"
 
 
-@pytest.mark.parametrize("name, transport", [
-    ("efa-p5.log", "efa"),                  # aws-ofi-nccl: NET/OFI, Libfabric channels between nodes
-    ("socket-fallback.log", "socket"),      # no plugin, no InfiniBand: TCP between nodes
-    ("nvlink-h200x2.log", "nvlink"),        # recorded on two H200s of one host: P2P only
-    ("socket-h200x1-recorded.log", "socket"),  # recorded on one H200 with NCCL_NET=Socket: no channels
-])
+@pytest.mark.parametrize(
+    "name, transport",
+    [
+        ("efa-p5.log", "efa"),  # aws-ofi-nccl: NET/OFI, Libfabric channels between nodes
+        ("socket-fallback.log", "socket"),  # no plugin, no InfiniBand: TCP between nodes
+        ("nvlink-h200x2.log", "nvlink"),  # recorded on two H200s of one host: P2P only
+        ("socket-h200x1-recorded.log", "socket"),  # recorded on one H200 with NCCL_NET=Socket: no channels
+    ],
+)
 def test_detect_transport_from_nccl_logs(name, transport):
     assert detect_transport((LOGS / name).read_text()) == transport
 
@@ -48,8 +52,20 @@ def test_judge_and_bus_bandwidth():
 
 
 def preflight(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "trainer.preflight", "--size-mib", "1", "--iters", "3", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "trainer.preflight",
+        "--size-mib",
+        "1",
+        "--iters",
+        "3",
+        *args,
+    ]
     return subprocess.run(cmd, cwd=REPO_ROOT, env=trainer_env(), capture_output=True, text=True, timeout=240)
 
 
@@ -60,8 +76,17 @@ def test_preflight_under_torchrun_passes_and_fails(tmp_path):
     lines = [json.loads(line) for line in ok.stdout.splitlines() if line.startswith("{")]
     assert len(lines) == 1, ok.stdout
     result = lines[0]
-    assert list(result) == ["world_size", "size_mib", "algbw_gbs", "busbw_gbs", "transport", "expected",
-                            "min_busbw_gbs", "passed", "reason"]
+    assert list(result) == [
+        "world_size",
+        "size_mib",
+        "algbw_gbs",
+        "busbw_gbs",
+        "transport",
+        "expected",
+        "min_busbw_gbs",
+        "passed",
+        "reason",
+    ]
     assert result["world_size"] == 2 and result["transport"] == "gloo" and result["passed"] is True
     assert result["busbw_gbs"] == pytest.approx(result["algbw_gbs"], rel=1e-3) and result["algbw_gbs"] > 0
     assert json.loads((tmp_path / "ok.json").read_text()) == result

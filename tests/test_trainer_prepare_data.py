@@ -3,6 +3,7 @@
 Real `datasets` loading of local folders the tests make (offline: HF_DATASETS_OFFLINE and
 HF_HUB_OFFLINE are set, and the cache is under the test's directory), through the real CLI.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -13,10 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from trainer_support import REPO_ROOT
 
 from trainer.config import DataConfig
 from trainer.data import ByteTokenizer, build_dataset
-from trainer_support import REPO_ROOT
 
 # Every test starts the CLI, which imports `datasets` (seconds each).
 pytestmark = pytest.mark.slow
@@ -30,18 +31,28 @@ SAMSUM_ROWS = [
 
 
 def prep(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HF_HOME=str(tmp_path / "hf"), HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1",
-               PYTHONPATH=str(REPO_ROOT))
-    return subprocess.run([sys.executable, "-m", "trainer.prepare_data", *args], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    env = dict(
+        os.environ, HF_HOME=str(tmp_path / "hf"), HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO_ROOT)
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "trainer.prepare_data", *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def tree(path: Path) -> dict[str, str]:
     """Every file under `path` with its content hash (an absent path is an empty tree)."""
     if not path.exists():
         return {}
-    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(path.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(path.rglob("*"))
+        if p.is_file()
+    }
 
 
 def samsum_folder(tmp_path: Path) -> Path:
@@ -63,8 +74,9 @@ def test_local_folder_is_staged_once_in_the_trainers_format(tmp_path):
     assert marker["rows"] == 3 and marker["skipped_rows"] == 1 and marker["format"] == "samsum"
     assert marker["sha256"] == hashlib.sha256((out / "train.jsonl").read_bytes()).hexdigest()
     # The trainer reads what was staged.
-    dataset = build_dataset(DataConfig(path=str(out / "train.jsonl"), format="samsum", seq_len=64),
-                            ByteTokenizer(), 512, 0)
+    dataset = build_dataset(
+        DataConfig(path=str(out / "train.jsonl"), format="samsum", seq_len=64), ByteTokenizer(), 512, 0
+    )
     assert dataset.num_examples == 3
 
     before = tree(out)
@@ -91,15 +103,19 @@ def test_saved_dataset_folder_in_alpaca_format(tmp_path):
     import datasets
 
     src, out = tmp_path / "saved", tmp_path / "data" / "alpaca"
-    datasets.Dataset.from_list([
-        {"instruction": "Add 2 and 3.", "input": None, "output": "5", "text": "x"},
-        {"instruction": "Translate.", "input": "hola", "output": "hello", "text": "y"},
-    ]).save_to_disk(str(src))
+    datasets.Dataset.from_list(
+        [
+            {"instruction": "Add 2 and 3.", "input": None, "output": "5", "text": "x"},
+            {"instruction": "Translate.", "input": "hola", "output": "hello", "text": "y"},
+        ]
+    ).save_to_disk(str(src))
     done = prep(tmp_path, "--dataset", str(src), "--format", "alpaca", "--out", str(out))
     assert done.returncode == 0, done.stderr
     rows = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()]
-    assert rows == [{"instruction": "Add 2 and 3.", "input": "", "output": "5"},
-                    {"instruction": "Translate.", "input": "hola", "output": "hello"}]
+    assert rows == [
+        {"instruction": "Add 2 and 3.", "input": "", "output": "5"},
+        {"instruction": "Translate.", "input": "hola", "output": "hello"},
+    ]
 
 
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path):
@@ -126,12 +142,14 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path):
 
 def test_two_runs_at_once_write_once(tmp_path):
     src, out = samsum_folder(tmp_path), tmp_path / "data" / "samsum"
-    env = dict(os.environ, HF_HOME=str(tmp_path / "hf"), HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1",
-               PYTHONPATH=str(REPO_ROOT))
-    cmd = [sys.executable, "-m", "trainer.prepare_data", "--dataset", str(src), "--format", "samsum",
-           "--out", str(out)]
-    procs = [subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for _ in range(2)]
+    env = dict(
+        os.environ, HF_HOME=str(tmp_path / "hf"), HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO_ROOT)
+    )
+    cmd = [sys.executable, "-m", "trainer.prepare_data", "--dataset", str(src), "--format", "samsum", "--out", str(out)]
+    procs = [
+        subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     results = [proc.communicate(timeout=120) for proc in procs]
     assert [proc.returncode for proc in procs] == [0, 0], results
     said = sorted(stdout.split()[0] for stdout, _ in results)

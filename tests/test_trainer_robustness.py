@@ -5,6 +5,7 @@ the slow ones run trainer/configs/tiny.yaml on 2 CPU ranks through `python -m tr
 (real torchrun underneath) and break things the way a cluster does: SIGTERM to the launcher, a
 truncated shard, a tmpfs that fills up during a checkpoint (mounted in a private mount namespace).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -19,16 +20,25 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from trainer_support import (
+    LAUNCH_TIMEOUT_S,
+    REPO_ROOT,
+    TINY,
+    finish,
+    free_port,
+    output_overrides,
+    read_metrics,
+    trainer_env,
+    wait_for,
+)
 
 from trainer.checkpoint import COMPLETE, compare_configs, load_scheduler_state, verify
 from trainer.config import TrainingConfig, from_dict, to_dict
 from trainer.data import IGNORE_INDEX, ByteTokenizer, fit_example, pack, tokenize_example
 from trainer.optim import build_scheduler, lr_factor
-from trainer_support import (LAUNCH_TIMEOUT_S, REPO_ROOT, TINY, finish, free_port, output_overrides,
-                             read_metrics, trainer_env, wait_for)
-
 
 # --- over-long examples -----------------------------------------------------------------------------
+
 
 def test_over_long_prompt_is_cut_at_its_start_and_keeps_the_eos_target():
     tok = ByteTokenizer()
@@ -47,10 +57,12 @@ def test_over_long_prompt_is_cut_at_its_start_and_keeps_the_eos_target():
 
 def test_response_longer_than_the_window_is_dropped_and_counted():
     tok = ByteTokenizer()
-    examples = [tokenize_example(tok, "p" * 10, "r" * 10),     # fits
-                tokenize_example(tok, "p" * 100, "r" * 10),    # prompt cut
-                tokenize_example(tok, "p" * 5, "r" * 40),      # response alone does not fit: dropped
-                tokenize_example(tok, "p" * 200, "r" * 200)]   # dropped (it used to train prompt only)
+    examples = [
+        tokenize_example(tok, "p" * 10, "r" * 10),  # fits
+        tokenize_example(tok, "p" * 100, "r" * 10),  # prompt cut
+        tokenize_example(tok, "p" * 5, "r" * 40),  # response alone does not fit: dropped
+        tokenize_example(tok, "p" * 200, "r" * 200),
+    ]  # dropped (it used to train prompt only)
     for packing in (True, False):
         ds = pack(examples, seq_len=32, packing=packing, pad_id=tok.pad_token_id)
         assert (ds.num_examples, ds.num_truncated, ds.num_dropped) == (4, 1, 2)
@@ -61,6 +73,7 @@ def test_response_longer_than_the_window_is_dropped_and_counted():
 
 
 # --- configuration changes on resume ----------------------------------------------------------------
+
 
 def tiny_dict(**sections) -> dict:
     import yaml
@@ -75,8 +88,7 @@ def test_resume_refuses_what_the_weights_or_data_order_depend_on_and_accepts_the
     saved = tiny_dict()
     refused, accepted = compare_configs(saved, tiny_dict(data={"seq_len": 256}, model={"name": "llama2-7b"}), 2, 2)
     assert refused == ["data.seq_len 512 -> 256", "model.name tiny -> llama2-7b"] and accepted == []
-    refused, accepted = compare_configs(saved, tiny_dict(training={"lr": 1e-3}, checkpoint={"interval_steps": 7}),
-                                        2, 4)
+    refused, accepted = compare_configs(saved, tiny_dict(training={"lr": 1e-3}, checkpoint={"interval_steps": 7}), 2, 4)
     assert refused == []
     assert accepted == ["training.lr 0.003 -> 0.001", "world size 2 -> 4 (resharded)"]
     assert compare_configs(saved, tiny_dict(), 2, 2) == ([], [])
@@ -103,6 +115,7 @@ def test_resumed_schedule_follows_the_current_lr_and_is_unchanged_otherwise():
 
 # --- checkpoint verification ------------------------------------------------------------------------
 
+
 def write_checkpoint(path: Path, manifest: bool = True) -> None:
     """A real DCP checkpoint written by one process, with the trainer's files around it."""
     dcp.save({"model": {"w": torch.arange(4096, dtype=torch.float32)}}, checkpoint_id=str(path), no_dist=True)
@@ -121,8 +134,12 @@ def test_verify_finds_truncated_and_missing_files(tmp_path):
     assert verify(str(whole)) is None
 
     cases = {}
-    for name, manifest in (("truncated", True), ("truncated-old-format", False), ("no-metadata", True),
-                           ("bad-state", True)):
+    for name, manifest in (
+        ("truncated", True),
+        ("truncated-old-format", False),
+        ("no-metadata", True),
+        ("bad-state", True),
+    ):
         path = tmp_path / name
         if manifest:
             shutil.copytree(whole, path)
@@ -145,14 +162,32 @@ def test_verify_finds_truncated_and_missing_files(tmp_path):
 
 # --- real runs (torchrun through trainer.launch) ----------------------------------------------------
 
+
 def launch_cmd(overrides, nproc: int = 2) -> list[str]:
-    return [sys.executable, "-m", "trainer.launch", "--standalone", f"--nproc_per_node={nproc}",
-            "-m", "trainer.train", "--config", str(TINY), *overrides]
+    return [
+        sys.executable,
+        "-m",
+        "trainer.launch",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "trainer.train",
+        "--config",
+        str(TINY),
+        *overrides,
+    ]
 
 
 def launch(overrides, nproc: int = 2, prefix=(), env=None) -> subprocess.Popen:
-    return subprocess.Popen([*prefix, *launch_cmd(overrides, nproc)], cwd=REPO_ROOT, env=env or trainer_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [*prefix, *launch_cmd(overrides, nproc)],
+        cwd=REPO_ROOT,
+        env=env or trainer_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def run_launch(overrides, expect_rc: int = 0, **kwargs) -> str:
@@ -163,8 +198,11 @@ def run_launch(overrides, expect_rc: int = 0, **kwargs) -> str:
 
 
 def tree_hash(path: Path) -> dict[str, str]:
-    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(path.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(path.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -181,8 +219,12 @@ def test_sigterm_checkpoints_the_step_exits_143_and_the_restart_resumes(tmp_path
     overrides = [*output_overrides(tmp_path), "training.max_steps=400", "checkpoint.interval_steps=0"]
     proc = launch(overrides)
     metrics = tmp_path / "metrics" / "metrics.jsonl"
-    wait_for(lambda: metrics.is_file() and len(metrics.read_text().splitlines()) >= 3, proc, LAUNCH_TIMEOUT_S,
-             "three logged steps")
+    wait_for(
+        lambda: metrics.is_file() and len(metrics.read_text().splitlines()) >= 3,
+        proc,
+        LAUNCH_TIMEOUT_S,
+        "three logged steps",
+    )
     os.kill(proc.pid, signal.SIGTERM)  # what the kubelet does to the container's first process
     log = finish(proc)
     assert proc.returncode == 143, log[-4000:]
@@ -200,7 +242,7 @@ def test_sigterm_checkpoints_the_step_exits_143_and_the_restart_resumes(tmp_path
     log = run_launch([*output_overrides(tmp_path), f"training.max_steps={step + 3}", "training.lr=1e-3"])
     assert f"resumed from {ckpt} at step {step}" in log
     assert f"training.lr 0.003 -> 0.001; training.max_steps 400 -> {step + 3}" in log
-    resumed = read_metrics(tmp_path)[len(records):]
+    resumed = read_metrics(tmp_path)[len(records) :]
     assert [r["step"] for r in resumed] == [step + 1, step + 2, step + 3]
     cfg = TrainingConfig(lr=1e-3, warmup_steps=4, max_steps=step + 3, min_lr_ratio=0.1)
     assert resumed[0]["lr"] == pytest.approx(1e-3 * lr_factor(step, cfg, step + 3), rel=1e-12)
@@ -213,15 +255,42 @@ def test_sigterm_on_one_node_stops_every_node_with_a_checkpoint_and_143(tmp_path
     port = free_port()
     procs = []
     for node, is_host in (("a", "true"), ("b", "false")):
-        cmd = [sys.executable, "-m", "trainer.launch", "--nnodes=2", "--nproc_per_node=1", "--rdzv-backend=c10d",
-               f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=drain-test", f"--rdzv-conf=is_host={is_host}",
-               "-m", "trainer.train", "--config", str(TINY), f"checkpoint.dir={tmp_path / 'ckpt'}",
-               "checkpoint.interval_steps=0", "checkpoint.export_dir=", "training.max_steps=400",
-               f"metrics.output_dir={tmp_path / node}"]
-        procs.append(subprocess.Popen(cmd, cwd=REPO_ROOT, env=trainer_env(), stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True, start_new_session=True))
-    logged = lambda: [p for p in (tmp_path / "a" / "metrics.jsonl", tmp_path / "b" / "metrics.jsonl")  # noqa: E731
-                      if p.is_file() and len(p.read_text().splitlines()) >= 3]
+        cmd = [
+            sys.executable,
+            "-m",
+            "trainer.launch",
+            "--nnodes=2",
+            "--nproc_per_node=1",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{port}",
+            "--rdzv-id=drain-test",
+            f"--rdzv-conf=is_host={is_host}",
+            "-m",
+            "trainer.train",
+            "--config",
+            str(TINY),
+            f"checkpoint.dir={tmp_path / 'ckpt'}",
+            "checkpoint.interval_steps=0",
+            "checkpoint.export_dir=",
+            "training.max_steps=400",
+            f"metrics.output_dir={tmp_path / node}",
+        ]
+        procs.append(
+            subprocess.Popen(
+                cmd,
+                cwd=REPO_ROOT,
+                env=trainer_env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
+        )
+    logged = lambda: [
+        p
+        for p in (tmp_path / "a" / "metrics.jsonl", tmp_path / "b" / "metrics.jsonl")  # noqa: E731
+        if p.is_file() and len(p.read_text().splitlines()) >= 3
+    ]
     wait_for(lambda: bool(logged()), procs[1], LAUNCH_TIMEOUT_S, "three logged steps")
     os.kill(procs[1].pid, signal.SIGTERM)
     logs = [finish(proc) for proc in procs]
@@ -239,8 +308,7 @@ def test_truncated_newest_checkpoint_falls_back_and_another_world_size_reshards(
     shard = tmp_path / "ckpt" / "step-00000010" / "__1_0.distcp"
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
     # One rank with twice the batch: the same global batch of 8 rows, so the losses are comparable.
-    log = run_launch([*output_overrides(tmp_path), "training.max_steps=10", "training.batch_size_per_gpu=8"],
-                     nproc=1)
+    log = run_launch([*output_overrides(tmp_path), "training.max_steps=10", "training.batch_size_per_gpu=8"], nproc=1)
     lines = [line for line in log.splitlines() if "cannot be loaded" in line]
     assert len(lines) == 1 and "step-00000010" in lines[0] and "__1_0.distcp" in lines[0], log[-3000:]
     assert (tmp_path / "ckpt" / ".corrupt-step-00000010").is_dir()
@@ -272,11 +340,16 @@ def test_full_disk_during_a_checkpoint_is_one_line_and_keeps_the_previous_one(tm
     ckpt, copy = tmp_path / "ckpt", tmp_path / "after"
     ckpt.mkdir()
     copy.mkdir()
-    script = ('mount -t tmpfs -o size=3m fsdp-test-full "$CKPT" || exit 99; "$@"; rc=$?; '
-              'cp -a "$CKPT/." "$COPY/"; exit $rc')
+    script = (
+        'mount -t tmpfs -o size=3m fsdp-test-full "$CKPT" || exit 99; "$@"; rc=$?; cp -a "$CKPT/." "$COPY/"; exit $rc'
+    )
     env = trainer_env(CKPT=str(ckpt), COPY=str(copy))
-    log = run_launch([*output_overrides(tmp_path), "training.max_steps=10", "checkpoint.interval_steps=5"],
-                     expect_rc=2, prefix=["unshare", "--mount", "sh", "-c", script, "sh"], env=env)
+    log = run_launch(
+        [*output_overrides(tmp_path), "training.max_steps=10", "checkpoint.interval_steps=5"],
+        expect_rc=2,
+        prefix=["unshare", "--mount", "sh", "-c", script, "sh"],
+        env=env,
+    )
     errors = [line for line in log.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, log[-4000:]
     assert "step-00000010 failed: No space left on device" in errors[0]

@@ -7,6 +7,7 @@ the straight run's bit for bit: the tiny config is fp32 on CPU with one thread p
 every kernel and gloo reduction is deterministic, so any difference is a resume bug (a lost or
 repeated batch, a stale optimizer moment, a wrong learning rate), not noise.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,23 +23,59 @@ import pytest
 import torch
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from trainer_support import (
+    REPO_ROOT,
+    finish,
+    free_port,
+    kill_rank_after_checkpoint,
+    losses_by_step,
+    output_overrides,
+    read_metrics,
+    run,
+    start,
+    trainer_env,
+)
 
 from trainer.config import from_dict, load_config
-from trainer_support import (REPO_ROOT, finish, free_port, kill_rank_after_checkpoint, losses_by_step,
-                             output_overrides, read_metrics, run, start, trainer_env)
 
 # Every test trains through real torchrun processes.
 pytestmark = pytest.mark.slow
 
 STEPS = 40
 GLOBAL_BATCH = 8  # batch_size_per_gpu 4 x 2 ranks
-METRIC_FIELDS = {"step", "loss", "lr", "tokens", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "step_time_s",
-                 "peak_mem_gib", "padding_fraction", "grad_norm", "samples", "data_epoch", "data_position",
-                 "restart_count", "world_size"}
-PROMETHEUS_NAMES = {"fsdp_step", "fsdp_loss", "fsdp_learning_rate", "fsdp_grad_norm", "fsdp_tokens",
-                    "fsdp_tokens_per_second", "fsdp_tokens_per_second_per_gpu", "fsdp_mfu_ratio",
-                    "fsdp_step_time_seconds", "fsdp_peak_memory_bytes", "fsdp_padding_ratio", "fsdp_world_size",
-                    "fsdp_run_info"}
+METRIC_FIELDS = {
+    "step",
+    "loss",
+    "lr",
+    "tokens",
+    "tokens_per_s",
+    "tokens_per_s_per_gpu",
+    "mfu",
+    "step_time_s",
+    "peak_mem_gib",
+    "padding_fraction",
+    "grad_norm",
+    "samples",
+    "data_epoch",
+    "data_position",
+    "restart_count",
+    "world_size",
+}
+PROMETHEUS_NAMES = {
+    "fsdp_step",
+    "fsdp_loss",
+    "fsdp_learning_rate",
+    "fsdp_grad_norm",
+    "fsdp_tokens",
+    "fsdp_tokens_per_second",
+    "fsdp_tokens_per_second_per_gpu",
+    "fsdp_mfu_ratio",
+    "fsdp_step_time_seconds",
+    "fsdp_peak_memory_bytes",
+    "fsdp_padding_ratio",
+    "fsdp_world_size",
+    "fsdp_run_info",
+}
 
 
 @dataclass
@@ -126,7 +163,8 @@ def test_checkpoints_complete_pruned_and_carry_config(reference):
     for step_dir in ckpt.iterdir():
         assert (step_dir / "COMPLETE").is_file()
         assert {"rng-rank00000.pt", "rng-rank00001.pt", "trainer_state.json", ".metadata"} <= {
-            p.name for p in step_dir.iterdir()}
+            p.name for p in step_dir.iterdir()
+        }
         saved = load_config(str(step_dir / "config.yaml"))
         assert saved.model.name == "tiny" and saved.checkpoint.dir == str(ckpt)
     state = yaml.safe_load((ckpt / "step-00000040" / "trainer_state.json").read_text())
@@ -137,9 +175,16 @@ def test_hf_export_matches_sharded_model_logits(reference, tmp_path):
     from transformers import LlamaForCausalLM
 
     probe = tmp_path / "logits.pt"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(REPO_ROOT / "tests" / "trainer_checkpoint_logits.py"),
-           str(reference.out / "ckpt" / "step-00000040"), str(probe)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(REPO_ROOT / "tests" / "trainer_checkpoint_logits.py"),
+        str(reference.out / "ckpt" / "step-00000040"),
+        str(probe),
+    ]
     done = subprocess.run(cmd, cwd=REPO_ROOT, env=trainer_env(), capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     sharded = torch.load(probe)
@@ -155,7 +200,10 @@ def assert_matches_reference(reference: Reference, records: list[dict]) -> None:
         ref = reference.by_step(r["step"])
         assert r["loss"] == ref["loss"], f"step {r['step']}: {r['loss']!r} != {ref['loss']!r}"
         assert (r["data_epoch"], r["data_position"], r["samples"]) == (
-            ref["data_epoch"], ref["data_position"], ref["samples"]), r["step"]
+            ref["data_epoch"],
+            ref["data_position"],
+            ref["samples"],
+        ), r["step"]
         assert r["lr"] == ref["lr"]
 
 
@@ -179,7 +227,7 @@ def test_sigkill_of_a_rank_then_relaunch_is_exact(reference, tmp_path):
     assert killed and killed[-1]["step"] < STEPS, "the kill came after the run had finished"
     log = run(overrides)
     records = read_metrics(tmp_path)
-    resumed = records[len(killed):]
+    resumed = records[len(killed) :]
     resume_step = resumed[0]["step"] - 1
     assert resume_step >= 10 and resume_step % 5 == 0 and resume_step <= killed[-1]["step"]
     assert f"step-{resume_step:08d}" in log

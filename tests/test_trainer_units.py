@@ -1,4 +1,5 @@
 """Trainer building blocks in one process: data, sampler, loss, schedule, optimizer, checkpoints, metrics."""
+
 from __future__ import annotations
 
 import json
@@ -7,23 +8,31 @@ import os
 
 import pytest
 import torch
+from trainer_support import REPO_ROOT, TINY
 
 from trainer.catalog import MODELS
 from trainer.checkpoint import COMPLETE, complete_checkpoints
 from trainer.config import ConfigError, DataConfig, MetricsConfig, TrainingConfig, load_config
-from trainer.data import (IGNORE_INDEX, ByteTokenizer, ShardedSampler, build_dataset, format_example, pack,
-                          tokenize_example)
+from trainer.data import (
+    IGNORE_INDEX,
+    ByteTokenizer,
+    ShardedSampler,
+    build_dataset,
+    format_example,
+    pack,
+    tokenize_example,
+)
 from trainer.loss import linear_cross_entropy
 from trainer.metrics import MetricsLogger
 from trainer.optim import AdamWBf16State, StepResult, lr_factor, total_steps
 from trainer.train import DistEnv
-from trainer_support import REPO_ROOT, TINY
 
 SAMSUM = str(REPO_ROOT / "tests" / "data" / "samsum_tiny.jsonl")
 ALPACA = str(REPO_ROOT / "tests" / "data" / "alpaca_tiny.jsonl")
 
 
 # --- data -------------------------------------------------------------------------------------------
+
 
 def test_loss_covers_the_response_only():
     tok = ByteTokenizer()
@@ -99,6 +108,7 @@ def test_synthetic_rows_are_deterministic_and_fully_trained():
 
 # --- sampler ----------------------------------------------------------------------------------------
 
+
 def test_sampler_shards_each_global_batch_across_ranks():
     samplers = [ShardedSampler(50, batch_size=3, dp_rank=r, dp_size=4, seed=7) for r in range(4)]
     assert samplers[0].micro_batches_per_epoch == 4
@@ -143,6 +153,7 @@ def test_sampler_needs_one_global_batch():
 
 # --- loss -------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("rows, chunk", [(37, 8), (37, 37), (37, 4096), (1, 8)])
 def test_chunked_loss_matches_full_in_value_and_gradients(rows, chunk):
     torch.manual_seed(0)
@@ -169,6 +180,7 @@ def test_chunked_loss_without_trained_rows_still_reaches_the_weights():
 
 
 # --- schedule and optimizer -------------------------------------------------------------------------
+
 
 def test_lr_schedule_shapes():
     cfg = TrainingConfig(lr=1.0, warmup_steps=4, min_lr_ratio=0.1, lr_schedule="cosine")
@@ -206,6 +218,7 @@ def test_bf16_state_adamw_tracks_torch_adamw():
 
 # --- config and launch environment ------------------------------------------------------------------
 
+
 def test_exponent_notation_is_a_number():
     cfg = load_config(str(TINY), ["training.lr=3e-4", "metrics.peak_flops=989e12"])
     assert cfg.training.lr == 3e-4 and cfg.metrics.peak_flops == 989e12
@@ -223,9 +236,15 @@ def test_dist_env_reads_torchrun_variables_only():
 
 # --- checkpoints and metrics ------------------------------------------------------------------------
 
+
 def test_only_complete_checkpoints_are_candidates(tmp_path):
-    for name, complete in (("step-00000010", True), ("step-00000030", False), (".tmp-step-00000040", True),
-                           ("step-00000020", True), ("notes", True)):
+    for name, complete in (
+        ("step-00000010", True),
+        ("step-00000030", False),
+        (".tmp-step-00000040", True),
+        ("step-00000020", True),
+        ("notes", True),
+    ):
         (tmp_path / name).mkdir()
         if complete:
             (tmp_path / name / COMPLETE).write_text("{}")
@@ -235,11 +254,22 @@ def test_only_complete_checkpoints_are_candidates(tmp_path):
 
 def test_metrics_record_and_mfu(tmp_path):
     arch = MODELS["llama2-7b"]
-    logger = MetricsLogger(MetricsConfig(output_dir=str(tmp_path), log_interval_steps=2), is_writer=True,
-                           world_size=8, device=torch.device("cpu"), seq_len=4096,
-                           flops_per_token=arch.flops_per_token(4096), peak_flops=989e12, info={})
-    result = StepResult(loss=torch.tensor(2.5), grad_norm=torch.tensor(0.5), num_loss_tokens=torch.tensor(1000),
-                        num_real_tokens=torch.tensor(60000))
+    logger = MetricsLogger(
+        MetricsConfig(output_dir=str(tmp_path), log_interval_steps=2),
+        is_writer=True,
+        world_size=8,
+        device=torch.device("cpu"),
+        seq_len=4096,
+        flops_per_token=arch.flops_per_token(4096),
+        peak_flops=989e12,
+        info={},
+    )
+    result = StepResult(
+        loss=torch.tensor(2.5),
+        grad_norm=torch.tensor(0.5),
+        num_loss_tokens=torch.tensor(1000),
+        num_real_tokens=torch.tensor(60000),
+    )
     assert logger.step_done(1, result, lr=1e-5, num_samples=16, data_state={"epoch": 0, "position": 16}) is None
     record = logger.step_done(2, result, lr=1e-5, num_samples=16, data_state={"epoch": 0, "position": 32})
     logger.close()
@@ -282,10 +312,17 @@ def test_checkpoint_tokenizer_path(tmp_path):
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     texts = [json.loads(line)["dialogue"] for line in open(SAMSUM)]
-    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<s>", "</s>"],
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                            unk_token="<unk>").save_pretrained(tmp_path)
+    tok.train_from_iterator(
+        texts,
+        trainers.BpeTrainer(
+            vocab_size=400,
+            special_tokens=["<unk>", "<s>", "</s>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>").save_pretrained(
+        tmp_path
+    )
     hf = load_tokenizer(str(tmp_path), vocab_size=32000)
     assert hf.bos_token_id == 1 and hf.eos_token_id == 2 and hf.pad_token_id == 2
     ds = build_dataset(DataConfig(path=SAMSUM, format="samsum", seq_len=256), hf, 32000, 0)

@@ -1,4 +1,5 @@
 """The committed repository passes the validation pipeline (what CI and tools/test.sh run)."""
+
 from __future__ import annotations
 
 import pytest

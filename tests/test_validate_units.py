@@ -1,4 +1,5 @@
 """Unit tests of the validation pipeline's pieces: YAML loading, schema preparation, the checks."""
+
 from __future__ import annotations
 
 import json
@@ -9,7 +10,7 @@ import yaml
 
 from generators.core import yamlio
 from generators.core.errors import InputError
-from generators.validation import fluxgraph, manifests, pipeline, schemas, semantics
+from generators.validation import fluxgraph, manifests, schemas, semantics
 
 
 def test_duplicate_key_is_a_yaml_error_with_its_line():
@@ -37,39 +38,48 @@ def test_find_cycles_reports_each_cycle_once_from_its_smallest_node():
     assert fluxgraph.find_cycles({"a": ["b"], "b": []}) == []
 
 
-@pytest.mark.parametrize("image, fine", [
-    ("ghcr.io/org/trainer:0.3.1", True),
-    ("registry:5000/org/trainer:1.0", True),
-    ("nvcr.io/nvidia/k8s/dcgm-exporter@sha256:" + "a" * 64, True),
-    ("ghcr.io/org/trainer:latest", False),
-    ("ghcr.io/org/trainer", False),
-    ("registry:5000/org/trainer", False),
-    ("", False),
-])
+@pytest.mark.parametrize(
+    "image, fine",
+    [
+        ("ghcr.io/org/trainer:0.3.1", True),
+        ("registry:5000/org/trainer:1.0", True),
+        ("nvcr.io/nvidia/k8s/dcgm-exporter@sha256:" + "a" * 64, True),
+        ("ghcr.io/org/trainer:latest", False),
+        ("ghcr.io/org/trainer", False),
+        ("registry:5000/org/trainer", False),
+        ("", False),
+    ],
+)
 def test_image_pins(image, fine):
     assert (semantics.image_problem(image) == "") is fine
 
 
-@pytest.mark.parametrize("container, what", [
-    ({"args": ["--hf_token", "hf_" + "x" * 30]}, "Hugging Face token"),
-    ({"command": ["sh", "-c", "AWS_ACCESS_KEY_ID=AKIAABCDEFGHIJKLMNOP aws s3 ls"]}, "AWS access key id"),
-    ({"args": ["--token=abc123"]}, "literal --token value"),
-    ({"command": ["bash", "-c", "HF_TOKEN=abc123 torchrun x"]}, "literal secret assignment"),
-    ({"env": [{"name": "WANDB_API_TOKEN", "value": "abc"}]}, "env WANDB_API_TOKEN holds a literal value"),
-    ({"env": [{"name": "DB_PASSWORD", "value": "abc"}]}, "env DB_PASSWORD holds a literal value"),
-])
+@pytest.mark.parametrize(
+    "container, what",
+    [
+        ({"args": ["--hf_token", "hf_" + "x" * 30]}, "Hugging Face token"),
+        ({"command": ["sh", "-c", "AWS_ACCESS_KEY_ID=AKIAABCDEFGHIJKLMNOP aws s3 ls"]}, "AWS access key id"),
+        ({"args": ["--token=abc123"]}, "literal --token value"),
+        ({"command": ["bash", "-c", "HF_TOKEN=abc123 torchrun x"]}, "literal secret assignment"),
+        ({"env": [{"name": "WANDB_API_TOKEN", "value": "abc"}]}, "env WANDB_API_TOKEN holds a literal value"),
+        ({"env": [{"name": "DB_PASSWORD", "value": "abc"}]}, "env DB_PASSWORD holds a literal value"),
+    ],
+)
 def test_inline_secrets_are_found(container, what):
     found = [msg for _, msg in semantics.secret_problems(container)]
     assert any(what in p for p in found), found
 
 
-@pytest.mark.parametrize("container", [
-    {"env": [{"name": "HF_TOKEN_FILE", "value": "/var/run/secrets/hf/token"}]},
-    {"env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}]},
-    {"args": ["--token", "$(HF_TOKEN)"]},
-    {"command": ["bash", "-c", 'HF_TOKEN="$(cat $HF_TOKEN_FILE)" torchrun x']},
-    {"args": ["--token-file", "/secrets/token"]},
-])
+@pytest.mark.parametrize(
+    "container",
+    [
+        {"env": [{"name": "HF_TOKEN_FILE", "value": "/var/run/secrets/hf/token"}]},
+        {"env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}]},
+        {"args": ["--token", "$(HF_TOKEN)"]},
+        {"command": ["bash", "-c", 'HF_TOKEN="$(cat $HF_TOKEN_FILE)" torchrun x']},
+        {"args": ["--token-file", "/secrets/token"]},
+    ],
+)
 def test_secret_references_are_fine(container):
     assert semantics.secret_problems(container) == []
 
@@ -110,12 +120,20 @@ def test_unknown_kubernetes_version_is_a_usage_error(tmp_path):
 
 
 def _job(**container):
-    c = {"name": "pytorch", "image": "x/trainer:1", "command": ["torchrun", "--nproc_per_node=8", "--rdzv_id=r1"],
-         "resources": {"limits": {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 32}}}
+    c = {
+        "name": "pytorch",
+        "image": "x/trainer:1",
+        "command": ["torchrun", "--nproc_per_node=8", "--rdzv_id=r1"],
+        "resources": {"limits": {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 32}},
+    }
     c.update(container)
     pod = {"nodeSelector": {"node.kubernetes.io/instance-type": "p5.48xlarge"}, "containers": [c]}
-    job = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "j", "namespace": "fsdp"},
-           "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 2, "template": {"spec": pod}}}}}
+    job = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": "j", "namespace": "fsdp"},
+        "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 2, "template": {"spec": pod}}}},
+    }
     return manifests.Doc(job, "run/kustomization.yaml")
 
 
@@ -131,14 +149,16 @@ def test_a_job_that_fits_its_instance_passes():
 
 def test_efa_must_match_the_instance():
     msgs = _job_problems(_job(resources={"limits": {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 4}}))
-    assert msgs == ["Worker: requests 4 EFA interfaces (vpc.amazonaws.com/efa) but 8 GPUs of p5.48xlarge come "
-                    "with 32; request 32"]
+    assert msgs == [
+        "Worker: requests 4 EFA interfaces (vpc.amazonaws.com/efa) but 8 GPUs of p5.48xlarge come with 32; request 32"
+    ]
 
 
 def test_nproc_per_node_must_equal_the_gpus():
     msgs = _job_problems(_job(command=["bash", "-c", "torchrun --nproc-per-node 4 --rdzv-id r1 -m trainer.train"]))
-    assert msgs == ["Worker: torchrun --nproc_per_node is 4 but the container has 8 GPUs (nvidia.com/gpu); "
-                    "make them equal"]
+    assert msgs == [
+        "Worker: torchrun --nproc_per_node is 4 but the container has 8 GPUs (nvidia.com/gpu); make them equal"
+    ]
 
 
 def test_nproc_from_an_env_reference_is_resolved():
@@ -155,15 +175,20 @@ def test_privileged_training_pod_fails():
 def test_unknown_instance_type_fails():
     doc = _job()
     doc.data["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["nodeSelector"] = {
-        "node.kubernetes.io/instance-type": "p9.48xlarge"}
+        "node.kubernetes.io/instance-type": "p9.48xlarge"
+    }
     assert _job_problems(doc) == ["Worker: instance type p9.48xlarge is not in the catalog (trainer/catalog.py)"]
 
 
 def test_unencrypted_secret_fails_and_sops_secret_passes():
-    plain = manifests.Doc({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf-token"},
-                   "stringData": {"token": "x"}}, "s.yaml", 1)
-    sealed = manifests.Doc({**plain.data, "stringData": {"token": "ENC[AES256_GCM,data:xx]"}, "sops": {"version": "3"}},
-                   "s.yaml", 1)
+    plain = manifests.Doc(
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf-token"}, "stringData": {"token": "x"}},
+        "s.yaml",
+        1,
+    )
+    sealed = manifests.Doc(
+        {**plain.data, "stringData": {"token": "ENC[AES256_GCM,data:xx]"}, "sops": {"version": "3"}}, "s.yaml", 1
+    )
     assert ["Secret holds unencrypted data" in p.message for p in semantics.check_objects([plain])] == [True]
     assert semantics.check_objects([sealed]) == []
 
@@ -172,11 +197,22 @@ def test_instance_type_pinned_by_required_node_affinity_counts():
     doc = _job()
     pod = doc.data["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
     del pod["nodeSelector"]
-    pod["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "node.kubernetes.io/instance-type", "operator": "In",
-                               "values": ["p4d.24xlarge"]}]}]}}}
-    assert _job_problems(doc) == ["Worker: requests 32 EFA interfaces (vpc.amazonaws.com/efa) but 8 GPUs of "
-                                  "p4d.24xlarge come with 4; request 4"]
+    pod["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["p4d.24xlarge"]}
+                        ]
+                    }
+                ]
+            }
+        }
+    }
+    assert _job_problems(doc) == [
+        "Worker: requests 32 EFA interfaces (vpc.amazonaws.com/efa) but 8 GPUs of p4d.24xlarge come with 4; request 4"
+    ]
     del pod["affinity"]
     assert "no nodeSelector node.kubernetes.io/instance-type" in _job_problems(doc)[0]
 

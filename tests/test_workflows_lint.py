@@ -1,5 +1,6 @@
 """The GitHub workflows pass actionlint (with shellcheck), pin every action by commit, and keep
 AWS access to a short-lived OIDC role session."""
+
 from __future__ import annotations
 
 import re
@@ -19,7 +20,9 @@ def actionlint(*paths: Path) -> subprocess.CompletedProcess:
     # shellcheck is passed explicitly: actionlint silently skips script checks when it is absent.
     return subprocess.run(
         [tool("actionlint"), "-no-color", "-shellcheck", tool("shellcheck"), *map(str, paths)],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
 
 
@@ -53,9 +56,7 @@ def test_actionlint_reports_a_broken_workflow(tmp_path):
 
 def test_actionlint_runs_shellcheck_on_run_scripts(tmp_path):
     broken = tmp_path / "wf.yaml"
-    broken.write_text(
-        "on: push\njobs:\n  a:\n    runs-on: ubuntu-24.04\n    steps:\n      - run: echo $UNQUOTED_VAR\n"
-    )
+    broken.write_text("on: push\njobs:\n  a:\n    runs-on: ubuntu-24.04\n    steps:\n      - run: echo $UNQUOTED_VAR\n")
     result = actionlint(broken)
     assert result.returncode != 0 and "shellcheck" in result.stdout, result.stdout
 

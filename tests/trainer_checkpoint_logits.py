@@ -6,6 +6,7 @@
 Builds the model exactly as the trainer does (the checkpoint's own resolved config.yaml), restores
 the model state with the trainer's Checkpointer and writes rank 0's logits for a fixed byte prompt.
 """
+
 from __future__ import annotations
 
 import sys
@@ -27,8 +28,7 @@ def main(checkpoint: str, out_file: str) -> None:
     cfg = load_config(f"{checkpoint}/config.yaml")
     device = init_distributed(env.local_rank)
     model = modeling.build_model(cfg.model)
-    parallelize(model, cfg.parallelism, build_mesh(cfg.parallelism, env.world_size, env.local_world_size,
-                                                   device.type))
+    parallelize(model, cfg.parallelism, build_mesh(cfg.parallelism, env.world_size, env.local_world_size, device.type))
     modeling.materialize(model, device)
     Checkpointer(cfg.checkpoint, {}).load(checkpoint, model, None)
     model.eval()

@@ -8,6 +8,7 @@ sharded model and the data are up: a failure of the trainer itself, as opposed t
 away. It raises on the global rank FSDP_TEST_CRASH_RANK, or on every rank this torchrun starts
 without it; the other ranks then fail in their next collective.
 """
+
 from __future__ import annotations
 
 import os

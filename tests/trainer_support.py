@@ -4,6 +4,7 @@ Every launch uses `python -m torch.distributed.run --standalone` (a free rendezv
 by torchrun), one OpenMP thread per rank (the machine has few cores and CPU matmuls stay
 deterministic), and writes all outputs under the test's temporary directory.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TINY = REPO_ROOT / "trainer" / "configs" / "tiny.yaml"
@@ -29,8 +30,11 @@ def free_port() -> int:
 
 def trainer_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")])))
+    env.update(
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")])),
+    )
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
     env.update(extra)
@@ -42,16 +46,35 @@ def output_overrides(out: Path) -> list[str]:
     return [f"checkpoint.dir={out / 'ckpt'}", f"metrics.output_dir={out / 'metrics'}", "checkpoint.export_dir="]
 
 
-def torchrun_cmd(overrides: Sequence[str], *, nproc: int = 2, config: Path = TINY,
-                 torchrun_args: Sequence[str] = ()) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            *torchrun_args, "-m", "trainer.train", "--config", str(config), *overrides]
+def torchrun_cmd(
+    overrides: Sequence[str], *, nproc: int = 2, config: Path = TINY, torchrun_args: Sequence[str] = ()
+) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        *torchrun_args,
+        "-m",
+        "trainer.train",
+        "--config",
+        str(config),
+        *overrides,
+    ]
 
 
 def start(overrides: Sequence[str], **kwargs) -> subprocess.Popen:
     # A session of its own, so a hung launch can be stopped with all its workers (see finish).
-    return subprocess.Popen(torchrun_cmd(overrides, **kwargs), cwd=REPO_ROOT, env=trainer_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(
+        torchrun_cmd(overrides, **kwargs),
+        cwd=REPO_ROOT,
+        env=trainer_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def finish(proc: subprocess.Popen, timeout: float = LAUNCH_TIMEOUT_S) -> str:

@@ -4,6 +4,7 @@ EC2 GPU instance types (GPUs, GPU memory, EFA interfaces, host memory).
 Pure data, no torch import. Parameter counts are computed from the architecture
 (`Architecture.num_params`) and checked in tests against the published figure in `published_params`.
 """
+
 from __future__ import annotations
 
 import math
@@ -72,41 +73,108 @@ class Architecture:
         return out
 
 
-_LLAMA31_ROPE = (("rope_type", "llama3"), ("factor", 8.0), ("low_freq_factor", 1.0),
-                 ("high_freq_factor", 4.0), ("original_max_position_embeddings", 8192))
+_LLAMA31_ROPE = (
+    ("rope_type", "llama3"),
+    ("factor", 8.0),
+    ("low_freq_factor", 1.0),
+    ("high_freq_factor", 4.0),
+    ("original_max_position_embeddings", 8192),
+)
 
 MODELS: dict[str, Architecture] = {
     a.name: a
     for a in (
         # Source: config.json of meta-llama/Llama-2-7b-hf; 6.74B parameters per the model card.
-        Architecture(name="llama2-7b", hf_id="meta-llama/Llama-2-7b-hf", num_layers=32, hidden_size=4096,
-                     num_heads=32, num_kv_heads=32, intermediate_size=11008, vocab_size=32000,
-                     max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-5,
-                     published_params=6_738_415_616),
+        Architecture(
+            name="llama2-7b",
+            hf_id="meta-llama/Llama-2-7b-hf",
+            num_layers=32,
+            hidden_size=4096,
+            num_heads=32,
+            num_kv_heads=32,
+            intermediate_size=11008,
+            vocab_size=32000,
+            max_position_embeddings=4096,
+            rope_theta=10000.0,
+            rms_norm_eps=1e-5,
+            published_params=6_738_415_616,
+        ),
         # Source: config.json of meta-llama/Llama-2-13b-hf; 13.0B parameters per the model card.
-        Architecture(name="llama2-13b", hf_id="meta-llama/Llama-2-13b-hf", num_layers=40, hidden_size=5120,
-                     num_heads=40, num_kv_heads=40, intermediate_size=13824, vocab_size=32000,
-                     max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-5,
-                     published_params=13_015_864_320),
+        Architecture(
+            name="llama2-13b",
+            hf_id="meta-llama/Llama-2-13b-hf",
+            num_layers=40,
+            hidden_size=5120,
+            num_heads=40,
+            num_kv_heads=40,
+            intermediate_size=13824,
+            vocab_size=32000,
+            max_position_embeddings=4096,
+            rope_theta=10000.0,
+            rms_norm_eps=1e-5,
+            published_params=13_015_864_320,
+        ),
         # Source: config.json of meta-llama/Llama-2-70b-hf (grouped-query attention, 8 KV heads).
-        Architecture(name="llama2-70b", hf_id="meta-llama/Llama-2-70b-hf", num_layers=80, hidden_size=8192,
-                     num_heads=64, num_kv_heads=8, intermediate_size=28672, vocab_size=32000,
-                     max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-5,
-                     published_params=68_976_648_192),
+        Architecture(
+            name="llama2-70b",
+            hf_id="meta-llama/Llama-2-70b-hf",
+            num_layers=80,
+            hidden_size=8192,
+            num_heads=64,
+            num_kv_heads=8,
+            intermediate_size=28672,
+            vocab_size=32000,
+            max_position_embeddings=4096,
+            rope_theta=10000.0,
+            rms_norm_eps=1e-5,
+            published_params=68_976_648_192,
+        ),
         # Source: config.json of meta-llama/Llama-3.1-8B; 8.03B parameters per the model card.
-        Architecture(name="llama3.1-8b", hf_id="meta-llama/Llama-3.1-8B", num_layers=32, hidden_size=4096,
-                     num_heads=32, num_kv_heads=8, intermediate_size=14336, vocab_size=128256,
-                     max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5,
-                     rope_scaling=_LLAMA31_ROPE, published_params=8_030_261_248),
+        Architecture(
+            name="llama3.1-8b",
+            hf_id="meta-llama/Llama-3.1-8B",
+            num_layers=32,
+            hidden_size=4096,
+            num_heads=32,
+            num_kv_heads=8,
+            intermediate_size=14336,
+            vocab_size=128256,
+            max_position_embeddings=131072,
+            rope_theta=500000.0,
+            rms_norm_eps=1e-5,
+            rope_scaling=_LLAMA31_ROPE,
+            published_params=8_030_261_248,
+        ),
         # Source: config.json of meta-llama/Llama-3.1-70B; 70.6B parameters per the model card.
-        Architecture(name="llama3.1-70b", hf_id="meta-llama/Llama-3.1-70B", num_layers=80, hidden_size=8192,
-                     num_heads=64, num_kv_heads=8, intermediate_size=28672, vocab_size=128256,
-                     max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5,
-                     rope_scaling=_LLAMA31_ROPE, published_params=70_553_706_496),
+        Architecture(
+            name="llama3.1-70b",
+            hf_id="meta-llama/Llama-3.1-70B",
+            num_layers=80,
+            hidden_size=8192,
+            num_heads=64,
+            num_kv_heads=8,
+            intermediate_size=28672,
+            vocab_size=128256,
+            max_position_embeddings=131072,
+            rope_theta=500000.0,
+            rms_norm_eps=1e-5,
+            rope_scaling=_LLAMA31_ROPE,
+            published_params=70_553_706_496,
+        ),
         # Test-only: runs on CPU in seconds. Vocabulary covers the trainer's byte-level tokenizer.
-        Architecture(name="tiny", hf_id="", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2,
-                     intermediate_size=128, vocab_size=512, max_position_embeddings=2048,
-                     rope_theta=10000.0, rms_norm_eps=1e-5),
+        Architecture(
+            name="tiny",
+            hf_id="",
+            num_layers=2,
+            hidden_size=64,
+            num_heads=4,
+            num_kv_heads=2,
+            intermediate_size=128,
+            vocab_size=512,
+            max_position_embeddings=2048,
+            rope_theta=10000.0,
+            rms_norm_eps=1e-5,
+        ),
     )
 }
 
@@ -168,20 +236,65 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
     t.name: t
     for t in (
         # P4 product page: 8x A100 40 GB HBM2, 96 vCPUs, 1152 GiB, 4x 100 Gbps EFA.
-        InstanceType(name="p4d.24xlarge", gpu_model="A100", num_gpus=8, gpu_memory_gib=40, num_efa=4,
-                     efa_rdma=True, network_gbps=400, num_vcpus=96, host_memory_gib=1152),
+        InstanceType(
+            name="p4d.24xlarge",
+            gpu_model="A100",
+            num_gpus=8,
+            gpu_memory_gib=40,
+            num_efa=4,
+            efa_rdma=True,
+            network_gbps=400,
+            num_vcpus=96,
+            host_memory_gib=1152,
+        ),
         # P4 product page: 8x A100 80 GB HBM2e, otherwise as p4d.
-        InstanceType(name="p4de.24xlarge", gpu_model="A100", num_gpus=8, gpu_memory_gib=80, num_efa=4,
-                     efa_rdma=True, network_gbps=400, num_vcpus=96, host_memory_gib=1152),
+        InstanceType(
+            name="p4de.24xlarge",
+            gpu_model="A100",
+            num_gpus=8,
+            gpu_memory_gib=80,
+            num_efa=4,
+            efa_rdma=True,
+            network_gbps=400,
+            num_vcpus=96,
+            host_memory_gib=1152,
+        ),
         # P5 product page: 8x H100 80 GB HBM3, 192 vCPUs, 2048 GiB, 32x 100 Gbps EFA.
-        InstanceType(name="p5.48xlarge", gpu_model="H100", num_gpus=8, gpu_memory_gib=80, num_efa=32,
-                     efa_rdma=True, network_gbps=3200, num_vcpus=192, host_memory_gib=2048),
+        InstanceType(
+            name="p5.48xlarge",
+            gpu_model="H100",
+            num_gpus=8,
+            gpu_memory_gib=80,
+            num_efa=32,
+            efa_rdma=True,
+            network_gbps=3200,
+            num_vcpus=192,
+            host_memory_gib=2048,
+        ),
         # P5 product page: 8x H200 141 GB HBM3e, 192 vCPUs, 2048 GiB, 32x 100 Gbps EFA.
-        InstanceType(name="p5e.48xlarge", gpu_model="H200", num_gpus=8, gpu_memory_gib=141, num_efa=32,
-                     efa_rdma=True, network_gbps=3200, num_vcpus=192, host_memory_gib=2048),
+        InstanceType(
+            name="p5e.48xlarge",
+            gpu_model="H200",
+            num_gpus=8,
+            gpu_memory_gib=141,
+            num_efa=32,
+            efa_rdma=True,
+            network_gbps=3200,
+            num_vcpus=192,
+            host_memory_gib=2048,
+        ),
         # P5 product page: 8x H200 141 GB HBM3e, 192 vCPUs, 2048 GiB, 16x 200 Gbps EFAv3.
-        InstanceType(name="p5en.48xlarge", gpu_model="H200", num_gpus=8, gpu_memory_gib=141, num_efa=16,
-                     efa_rdma=True, network_gbps=3200, num_vcpus=192, host_memory_gib=2048),
+        InstanceType(
+            name="p5en.48xlarge",
+            gpu_model="H200",
+            num_gpus=8,
+            gpu_memory_gib=141,
+            num_efa=16,
+            efa_rdma=True,
+            network_gbps=3200,
+            num_vcpus=192,
+            host_memory_gib=2048,
+        ),
     )
 }
 

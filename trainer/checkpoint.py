@@ -25,6 +25,7 @@ in one line, the rest is said in one line and applied.
 Preemption: `StopRequest` turns SIGTERM into a flag that all ranks agree on after each step, so the
 loop saves a checkpoint and every rank exits with 143 (see trainer/launch.py for why that status).
 """
+
 from __future__ import annotations
 
 import json
@@ -34,7 +35,8 @@ import re
 import shutil
 import signal
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -42,8 +44,12 @@ import torch.distributed.checkpoint as dcp
 import yaml
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystemReader
-from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
-                                                     set_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 
 from trainer.config import CheckpointConfig, ConfigError
 
@@ -53,8 +59,16 @@ CORRUPT_PREFIX = ".corrupt-"
 
 # Resuming with one of these changed is refused: the weights were trained for that model, sequence
 # length and data, and the saved data position counts rows of that dataset in that seeded order.
-REFUSED_CHANGES = ("model.name", "model.path", "data.path", "data.format", "data.seq_len", "data.packing",
-                   "data.num_synthetic_samples", "training.seed")
+REFUSED_CHANGES = (
+    "model.name",
+    "model.path",
+    "data.path",
+    "data.format",
+    "data.seq_len",
+    "data.packing",
+    "data.num_synthetic_samples",
+    "training.seed",
+)
 # Where outputs go and how often: not part of the training state, never worth a line.
 QUIET_SECTIONS = ("checkpoint.", "metrics.")
 
@@ -148,8 +162,9 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def compare_configs(saved: Mapping[str, Any], current: Mapping[str, Any], saved_world_size: int,
-                    world_size: int) -> tuple[list[str], list[str]]:
+def compare_configs(
+    saved: Mapping[str, Any], current: Mapping[str, Any], saved_world_size: int, world_size: int
+) -> tuple[list[str], list[str]]:
     """(refused, accepted) changes between a checkpoint's resolved config and the current one.
 
     Each entry reads `key old -> new`. A changed world size is accepted: DCP reshards the model and
@@ -253,8 +268,9 @@ class Checkpointer:
             where = f"left in place ({_one_line(err)})"
         return f"warning: checkpoint {path} cannot be loaded: {problem}; {where}"
 
-    def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-               say: Any = print) -> tuple[str, dict[str, Any]] | None:
+    def resume(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, say: Any = print
+    ) -> tuple[str, dict[str, Any]] | None:
         """Load the newest loadable checkpoint: (its path, trainer_state.json), or None to start afresh.
 
         Falls back to older checkpoints, one line each; refuses (ConfigError) a checkpoint saved with a
@@ -282,9 +298,12 @@ class Checkpointer:
                 return None
             refused, accepted = changes
             if refused:
-                raise ConfigError(refused[0].split()[0], f"differs from checkpoint {path} ({'; '.join(refused)}); "
-                                  "keep the saved value, or start afresh with a new checkpoint.dir "
-                                  "(or checkpoint.resume=false)")
+                raise ConfigError(
+                    refused[0].split()[0],
+                    f"differs from checkpoint {path} ({'; '.join(refused)}); "
+                    "keep the saved value, or start afresh with a new checkpoint.dir "
+                    "(or checkpoint.resume=false)",
+                )
             try:
                 state = self.load(path, model, optimizer)
             except CheckpointException as err:  # raised on every rank together by DCP
@@ -293,8 +312,10 @@ class Checkpointer:
                 dist.barrier()
                 continue
             if accepted:
-                say(f"resume: {os.path.basename(path)} was saved with another configuration, continuing with "
-                    f"the new values: {'; '.join(accepted)}")
+                say(
+                    f"resume: {os.path.basename(path)} was saved with another configuration, continuing with "
+                    f"the new values: {'; '.join(accepted)}"
+                )
             return path, state
 
     def _config_changes(self, path: str) -> tuple[list[str], list[str]]:
@@ -307,12 +328,16 @@ class Checkpointer:
             saved = err
         if not isinstance(saved, dict):
             # The weights and optimizer state are whole (verified); only the record of the config is not.
-            return [], [f"its config.yaml is unreadable, so nothing was compared ({_one_line(saved)})"
-                        if isinstance(saved, BaseException) else "its config.yaml is empty, so nothing was compared"]
+            return [], [
+                f"its config.yaml is unreadable, so nothing was compared ({_one_line(saved)})"
+                if isinstance(saved, BaseException)
+                else "its config.yaml is empty, so nothing was compared"
+            ]
         return compare_configs(saved, self.resolved_config, saved_world, self.world_size)
 
-    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             train_state: dict[str, Any]) -> str:
+    def save(
+        self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_state: dict[str, Any]
+    ) -> str:
         final = os.path.join(self.cfg.dir, step_dir_name(step))
         tmp = os.path.join(self.cfg.dir, "." + "tmp-" + step_dir_name(step))
         error = None
@@ -333,13 +358,16 @@ class Checkpointer:
             error = self._agree(error)
         if error is None and self.rank == 0:
             try:
-                _fsync_write(os.path.join(tmp, "trainer_state.json"),
-                             json.dumps({**train_state, "step": step, "world_size": self.world_size}, indent=2))
-                _fsync_write(os.path.join(tmp, "config.yaml"),
-                             yaml.safe_dump(self.resolved_config, sort_keys=False))
+                _fsync_write(
+                    os.path.join(tmp, "trainer_state.json"),
+                    json.dumps({**train_state, "step": step, "world_size": self.world_size}, indent=2),
+                )
+                _fsync_write(os.path.join(tmp, "config.yaml"), yaml.safe_dump(self.resolved_config, sort_keys=False))
                 files = {name: os.path.getsize(os.path.join(tmp, name)) for name in sorted(os.listdir(tmp))}
-                _fsync_write(os.path.join(tmp, COMPLETE), json.dumps(
-                    {"step": step, "world_size": self.world_size, "time": time.time(), "files": files}))
+                _fsync_write(
+                    os.path.join(tmp, COMPLETE),
+                    json.dumps({"step": step, "world_size": self.world_size, "time": time.time(), "files": files}),
+                )
                 shutil.rmtree(final, ignore_errors=True)
                 os.rename(tmp, final)
             except OSError as err:
@@ -355,16 +383,18 @@ class Checkpointer:
                 shutil.rmtree(tmp, ignore_errors=True)
             found = complete_checkpoints(self.cfg.dir)
             kept = f"{found[-1][1]} is intact" if found else "no earlier checkpoint exists"
-            raise ConfigError("checkpoint.dir", f"writing checkpoint {final} failed: {error}; {kept}; free space "
-                              "on that volume or point checkpoint.dir at a larger one, then relaunch to resume")
+            raise ConfigError(
+                "checkpoint.dir",
+                f"writing checkpoint {final} failed: {error}; {kept}; free space "
+                "on that volume or point checkpoint.dir at a larger one, then relaunch to resume",
+            )
         if self.rank == 0:
-            for _, old in complete_checkpoints(self.cfg.dir)[:-self.cfg.keep_last]:
+            for _, old in complete_checkpoints(self.cfg.dir)[: -self.cfg.keep_last]:
                 shutil.rmtree(old, ignore_errors=True)
         dist.barrier()
         return final
 
-    def load(self, path: str, model: torch.nn.Module,
-             optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+    def load(self, path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
         """Restore model, optimizer (None: model only, e.g. for evaluation) and RNG in place.
 
         Returns trainer_state.json's content.

@@ -11,6 +11,7 @@ Every error is a `ConfigError` whose message names the dotted key and the fix. U
 errors, never warnings. Cross-field rules live in `__post_init__`; the one rule that needs the
 launch topology (HYBRID_SHARD group size versus world size) is `check_topology`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,8 +19,10 @@ import functools
 import math
 import re
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
+
 
 class ConfigError(ValueError):
     """A bad trainer config value. `key` is the dotted path of the offending key."""
@@ -69,8 +72,11 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         _require(self.seq_len >= 8, "data.seq_len", "must be at least 8 tokens")
-        _require(self.format == "synthetic" or bool(self.path), "data.path",
-                 f"format {self.format!r} needs a dataset file: set data.path to a JSON or JSONL file")
+        _require(
+            self.format == "synthetic" or bool(self.path),
+            "data.path",
+            f"format {self.format!r} needs a dataset file: set data.path to a JSON or JSONL file",
+        )
         _require(self.num_synthetic_samples >= 1, "data.num_synthetic_samples", "must be at least 1")
 
 
@@ -154,13 +160,22 @@ class ParallelismConfig:
     grad_sync: Literal["auto", "last", "every"] = "auto"
 
     def __post_init__(self) -> None:
-        _require(self.shard_group_size >= 0, "parallelism.shard_group_size",
-                 "must be 0 (GPUs of one node) or a positive group size")
-        _require(self.shard_group_size == 0 or self.sharding_strategy == "HYBRID_SHARD",
-                 "parallelism.shard_group_size", "is only used with sharding_strategy HYBRID_SHARD; remove it")
+        _require(
+            self.shard_group_size >= 0,
+            "parallelism.shard_group_size",
+            "must be 0 (GPUs of one node) or a positive group size",
+        )
+        _require(
+            self.shard_group_size == 0 or self.sharding_strategy == "HYBRID_SHARD",
+            "parallelism.shard_group_size",
+            "is only used with sharding_strategy HYBRID_SHARD; remove it",
+        )
         _require(self.selective_ac_every >= 1, "parallelism.selective_ac_every", "must be at least 1")
-        _require(not self.fp8_all_gather or self.precision == "fp8", "parallelism.fp8_all_gather",
-                 "needs precision fp8; set parallelism.precision: fp8 or remove fp8_all_gather")
+        _require(
+            not self.fp8_all_gather or self.precision == "fp8",
+            "parallelism.fp8_all_gather",
+            "needs precision fp8; set parallelism.precision: fp8 or remove fp8_all_gather",
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -245,7 +260,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     return value
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _hints(cls: type) -> dict[str, Any]:
     # get_type_hints evaluates the string annotations on every call; the generator validates
     # thousands of configs, so resolve each class once.
@@ -259,8 +274,9 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     for key in data:
         if key not in fields:
-            raise ConfigError(f"{prefix}.{key}" if prefix else str(key),
-                              f"unknown key; known keys here: {', '.join(sorted(fields))}")
+            raise ConfigError(
+                f"{prefix}.{key}" if prefix else str(key), f"unknown key; known keys here: {', '.join(sorted(fields))}"
+            )
     kwargs = {}
     for name, f in fields.items():
         key = f"{prefix}.{name}" if prefix else name
@@ -340,7 +356,8 @@ class NoDuplicateKeys:
                 continue  # unhashable key: the base constructor reports it
             if first is not None:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (first at line {first}); keep one", key_node.start_mark)
+                    None, None, f"duplicate key {key!r} (first at line {first}); keep one", key_node.start_mark
+                )
             seen[key] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep=deep)  # type: ignore[misc]
 
@@ -381,8 +398,10 @@ def check_topology(cfg: ParallelismConfig, world_size: int, local_world_size: in
     if cfg.sharding_strategy != "HYBRID_SHARD":
         return world_size if cfg.sharding_strategy != "NO_SHARD" else 1
     group = cfg.shard_group_size or local_world_size
-    _require(group >= 1 and world_size % group == 0, "parallelism.shard_group_size",
-             f"HYBRID_SHARD group size {group} does not divide the world size {world_size}; "
-             "pick a divisor of nodes x GPUs per node")
+    _require(
+        group >= 1 and world_size % group == 0,
+        "parallelism.shard_group_size",
+        f"HYBRID_SHARD group size {group} does not divide the world size {world_size}; "
+        "pick a divisor of nodes x GPUs per node",
+    )
     return group
-

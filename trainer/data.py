@@ -22,12 +22,14 @@ every global micro-batch. Its whole state is (epoch, position), position countin
 consumed in the epoch, so a resumed run (even with another world size) continues with exactly the
 rows it has not seen.
 """
+
 from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -73,8 +75,10 @@ class HFTokenizer:
         try:
             self._tok = AutoTokenizer.from_pretrained(path)
         except (OSError, ValueError) as err:
-            raise ConfigError("model.path", f"no tokenizer could be loaded from {path} ({err}); "
-                              "ship tokenizer files with the checkpoint") from None
+            raise ConfigError(
+                "model.path",
+                f"no tokenizer could be loaded from {path} ({err}); ship tokenizer files with the checkpoint",
+            ) from None
         self.bos_token_id = self._tok.bos_token_id
         self.eos_token_id = self._tok.eos_token_id
         if self.eos_token_id is None:
@@ -108,8 +112,9 @@ def read_records(path: str) -> list[tuple[int, dict]]:
             try:
                 records.append((lineno, json.loads(line)))
             except json.JSONDecodeError as err:
-                raise ConfigError("data.path", f"{path} line {lineno}: not valid JSON ({err.msg}); "
-                                  "write one object per line") from None
+                raise ConfigError(
+                    "data.path", f"{path} line {lineno}: not valid JSON ({err.msg}); write one object per line"
+                ) from None
     for lineno, item in records:
         if not isinstance(item, dict):
             where = f" line {lineno}" if lineno else ""
@@ -121,15 +126,20 @@ def format_example(fmt: str, item: dict, where: str) -> tuple[str, str]:
     """(prompt, response) text of one example."""
     for name in FIELDS[fmt]:
         if not isinstance(item.get(name), str):
-            raise ConfigError("data.path", f"{where}: field {name!r} missing or not a string; "
-                              f"format {fmt} needs {', '.join(FIELDS[fmt])}")
+            raise ConfigError(
+                "data.path",
+                f"{where}: field {name!r} missing or not a string; format {fmt} needs {', '.join(FIELDS[fmt])}",
+            )
     if fmt == "samsum":
         return SAMSUM_PROMPT.format(dialogue=item["dialogue"]), item["summary"]
     extra = item.get("input") or ""
     if not isinstance(extra, str):
         raise ConfigError("data.path", f"{where}: field 'input' must be a string")
-    prompt = (ALPACA_PROMPT.format(instruction=item["instruction"], input=extra) if extra
-              else ALPACA_PROMPT_NO_INPUT.format(instruction=item["instruction"]))
+    prompt = (
+        ALPACA_PROMPT.format(instruction=item["instruction"], input=extra)
+        if extra
+        else ALPACA_PROMPT_NO_INPUT.format(instruction=item["instruction"])
+    )
     return prompt, item["output"]
 
 
@@ -138,7 +148,7 @@ def tokenize_example(tok: Any, prompt: str, response: str) -> tuple[list[int], l
     head = ([tok.bos_token_id] if tok.bos_token_id is not None else []) + tok.encode(prompt)
     tokens = head + tok.encode(response) + [tok.eos_token_id]
     inputs = tokens[:-1]
-    targets = [IGNORE_INDEX] * (len(head) - 1) + tokens[len(head):]
+    targets = [IGNORE_INDEX] * (len(head) - 1) + tokens[len(head) :]
     return inputs, targets
 
 
@@ -152,7 +162,7 @@ class Batch:
     num_loss_tokens: int
     num_real_tokens: int  # non-padding input tokens
 
-    def to(self, device: torch.device) -> "Batch":
+    def to(self, device: torch.device) -> Batch:
         if device.type == "cpu":
             return self
 
@@ -160,15 +170,23 @@ class Batch:
             # Pinned host memory lets the copy overlap with the previous step's kernels.
             return None if t is None else t.pin_memory().to(device, non_blocking=True)
 
-        return Batch(move(self.input_ids), move(self.targets), move(self.loss_index),
-                     self.num_loss_tokens, self.num_real_tokens)
+        return Batch(
+            move(self.input_ids), move(self.targets), move(self.loss_index), self.num_loss_tokens, self.num_real_tokens
+        )
 
 
 class PackedDataset:
     """Tokenised rows of seq_len tokens (int32 to halve host memory), with padding statistics."""
 
-    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, lengths: torch.Tensor,
-                 num_examples: int, num_truncated: int, num_dropped: int = 0):
+    def __init__(
+        self,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        lengths: torch.Tensor,
+        num_examples: int,
+        num_truncated: int,
+        num_dropped: int = 0,
+    ):
         self.inputs, self.targets, self.lengths = inputs, targets, lengths
         # num_examples counts every example read; num_dropped of them are in no row.
         self.num_examples, self.num_truncated, self.num_dropped = num_examples, num_truncated, num_dropped
@@ -185,8 +203,7 @@ class PackedDataset:
         input_ids = self.inputs[idx].long()
         flat = self.targets[idx].long().view(-1)
         loss_index = (flat != IGNORE_INDEX).nonzero().view(-1)
-        return Batch(input_ids, flat[loss_index], loss_index, int(loss_index.numel()),
-                     int(self.lengths[idx].sum()))
+        return Batch(input_ids, flat[loss_index], loss_index, int(loss_index.numel()), int(self.lengths[idx].sum()))
 
 
 class SyntheticDataset:
@@ -213,8 +230,7 @@ class SyntheticDataset:
         return Batch(out[:, :-1].contiguous(), targets, None, targets.numel(), targets.numel())
 
 
-def fit_example(inputs: list[int], targets: list[int],
-                seq_len: int) -> tuple[list[int], list[int]] | None:
+def fit_example(inputs: list[int], targets: list[int], seq_len: int) -> tuple[list[int], list[int]] | None:
     """The example cut to at most seq_len positions keeping its end, or None when its response cannot fit.
 
     Positions 1.. of the prompt are cut (position 0, BOS, stays); every cut position has no target, so
@@ -227,11 +243,10 @@ def fit_example(inputs: list[int], targets: list[int],
     if len(inputs) - first_trained > seq_len - 1:
         return None
     cut = len(inputs) - seq_len
-    return inputs[:1] + inputs[1 + cut:], targets[:1] + targets[1 + cut:]
+    return inputs[:1] + inputs[1 + cut :], targets[:1] + targets[1 + cut :]
 
 
-def pack(examples: list[tuple[list[int], list[int]]], seq_len: int, packing: bool,
-         pad_id: int) -> PackedDataset:
+def pack(examples: list[tuple[list[int], list[int]]], seq_len: int, packing: bool, pad_id: int) -> PackedDataset:
     rows_in: list[list[int]] = []
     rows_tg: list[list[int]] = []
     cur_in: list[int] = []
@@ -269,8 +284,11 @@ def load_tokenizer(model_path: str, vocab_size: int) -> Any:
     if model_path:
         return HFTokenizer(model_path)
     if vocab_size < ByteTokenizer.vocab_size:
-        raise ConfigError("model.name", f"vocabulary of {vocab_size} is smaller than the byte-level "
-                          f"tokenizer's {ByteTokenizer.vocab_size}; use an architecture with a larger vocab")
+        raise ConfigError(
+            "model.name",
+            f"vocabulary of {vocab_size} is smaller than the byte-level "
+            f"tokenizer's {ByteTokenizer.vocab_size}; use an architecture with a larger vocab",
+        )
     return ByteTokenizer()
 
 
@@ -287,8 +305,11 @@ def build_dataset(cfg: DataConfig, tokenizer: Any, vocab_size: int, seed: int) -
         raise ConfigError("data.path", f"{cfg.path} holds no examples")
     dataset = pack(examples, cfg.seq_len, cfg.packing, tokenizer.pad_token_id)
     if not len(dataset):
-        raise ConfigError("data.seq_len", f"all {len(examples)} examples of {cfg.path} have a response longer "
-                          f"than {cfg.seq_len} tokens; raise data.seq_len")
+        raise ConfigError(
+            "data.seq_len",
+            f"all {len(examples)} examples of {cfg.path} have a response longer "
+            f"than {cfg.seq_len} tokens; raise data.seq_len",
+        )
     return dataset
 
 
@@ -305,10 +326,12 @@ class ShardedSampler:
         self.dp_rank, self.dp_size, self.seed = dp_rank, dp_size, seed
         self.global_batch = batch_size * dp_size
         if num_rows < self.global_batch:
-            raise ConfigError("training.batch_size_per_gpu",
-                              f"the dataset has {num_rows} rows, fewer than one global micro-batch of "
-                              f"{self.global_batch} (batch_size_per_gpu x world size); lower the batch "
-                              "size or add data")
+            raise ConfigError(
+                "training.batch_size_per_gpu",
+                f"the dataset has {num_rows} rows, fewer than one global micro-batch of "
+                f"{self.global_batch} (batch_size_per_gpu x world size); lower the batch "
+                "size or add data",
+            )
         self.epoch, self.position = 0, 0
         self._perm_epoch, self._perm = -1, []
 
@@ -327,7 +350,7 @@ class ShardedSampler:
         if self.position + self.global_batch > self.num_rows:
             self.epoch, self.position = self.epoch + 1, 0
         start = self.position + self.dp_rank * self.batch_size
-        rows = self._permutation()[start:start + self.batch_size]
+        rows = self._permutation()[start : start + self.batch_size]
         self.position += self.global_batch
         return rows
 
@@ -336,4 +359,3 @@ class ShardedSampler:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
-

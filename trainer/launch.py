@@ -55,6 +55,7 @@ torchrun gives its workers 30 s after forwarding SIGTERM, then kills them; a lar
 takes longer. FSDP_TERM_GRACE_S (default 30) sets that time after a signal: keep it a little under the
 pod's terminationGracePeriodSeconds (the kubelet kills the whole pod then).
 """
+
 from __future__ import annotations
 
 import os
@@ -62,7 +63,7 @@ import signal
 import socket
 import sys
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 WAIT_ENV = "FSDP_RDZV_WAIT_S"
 GRACE_ENV = "FSDP_TERM_GRACE_S"
@@ -110,8 +111,11 @@ def wait_for(what: str, ready: Callable[[], bool], deadline: float, wait_s: floa
         if now >= deadline:
             return False
         if now >= next_log:
-            print(f"launch: waiting for {what} ({deadline - now:.0f} of {wait_s:.0f} s left, {WAIT_ENV})",
-                  file=sys.stderr, flush=True)
+            print(
+                f"launch: waiting for {what} ({deadline - now:.0f} of {wait_s:.0f} s left, {WAIT_ENV})",
+                file=sys.stderr,
+                flush=True,
+            )
             next_log = now + LOG_EVERY_S
         time.sleep(POLL_S)
     return True
@@ -119,8 +123,11 @@ def wait_for(what: str, ready: Callable[[], bool], deadline: float, wait_s: floa
 
 def wait_for_rendezvous(argv: Sequence[str]) -> None:
     """Block until the rendezvous endpoint of this torchrun command line can be used (see step 1)."""
-    from torch.distributed.elastic.rendezvous.utils import (_matches_machine_hostname, _parse_rendezvous_config,
-                                                            parse_rendezvous_endpoint)
+    from torch.distributed.elastic.rendezvous.utils import (
+        _matches_machine_hostname,
+        _parse_rendezvous_config,
+        parse_rendezvous_endpoint,
+    )
     from torch.distributed.run import parse_args
 
     args = parse_args(list(argv))
@@ -130,8 +137,11 @@ def wait_for_rendezvous(argv: Sequence[str]) -> None:
     wait_s = _seconds(WAIT_ENV, 900.0)
     deadline = time.monotonic() + wait_s
     if not wait_for(f"{host} to resolve", lambda: _resolves(host, port), deadline, wait_s):
-        print(f"error: --rdzv-endpoint {args.rdzv_endpoint}: {host} did not resolve within {wait_s:.0f} s; "
-              f"check that the first worker's pod runs, or raise {WAIT_ENV}", file=sys.stderr)
+        print(
+            f"error: --rdzv-endpoint {args.rdzv_endpoint}: {host} did not resolve within {wait_s:.0f} s; "
+            f"check that the first worker's pod runs, or raise {WAIT_ENV}",
+            file=sys.stderr,
+        )
         sys.exit(1)
     if args.rdzv_backend != "c10d":
         return
@@ -139,10 +149,14 @@ def wait_for_rendezvous(argv: Sequence[str]) -> None:
     # unless rdzv-conf says is_host); every other node can only connect to it.
     is_host = _parse_rendezvous_config(args.rdzv_conf).get("is_host")
     serves = is_host.lower() in ("1", "true", "yes") if is_host is not None else _matches_machine_hostname(host)
-    if not serves and not wait_for(f"the rendezvous store at {host}:{port}", lambda: _accepts(host, port),
-                                   deadline, wait_s):
-        print(f"error: --rdzv-endpoint {args.rdzv_endpoint}: nothing accepted connections within {wait_s:.0f} s; "
-              f"check that the first worker's torchrun runs, or raise {WAIT_ENV}", file=sys.stderr)
+    if not serves and not wait_for(
+        f"the rendezvous store at {host}:{port}", lambda: _accepts(host, port), deadline, wait_s
+    ):
+        print(
+            f"error: --rdzv-endpoint {args.rdzv_endpoint}: nothing accepted connections within {wait_s:.0f} s; "
+            f"check that the first worker's torchrun runs, or raise {WAIT_ENV}",
+            file=sys.stderr,
+        )
         sys.exit(1)
 
 
@@ -221,8 +235,12 @@ def _one_line(err: BaseException) -> str:
 
 
 def _lost_peer(what: str, err: BaseException) -> int:
-    print(f"launch: {what}; the rendezvous store is gone ({_one_line(err)}): a peer node was lost, "
-          f"exit status {LOST_PEER}, the restarted job resumes from its last checkpoint", file=sys.stderr, flush=True)
+    print(
+        f"launch: {what}; the rendezvous store is gone ({_one_line(err)}): a peer node was lost, "
+        f"exit status {LOST_PEER}, the restarted job resumes from its last checkpoint",
+        file=sys.stderr,
+        flush=True,
+    )
     return LOST_PEER
 
 
@@ -244,8 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ChildFailedError as err:
             codes = {STOPPED if f.exitcode == -signal.SIGTERM else f.exitcode for f in err.failures.values()}
             if codes == {STOPPED}:
-                print(f"launch: every worker stopped after SIGTERM; exit status {STOPPED}", file=sys.stderr,
-                      flush=True)
+                print(f"launch: every worker stopped after SIGTERM; exit status {STOPPED}", file=sys.stderr, flush=True)
                 return STOPPED
             if 2 in codes and codes <= {2, STOPPED}:
                 # The trainer's bad-input exit (torchrun stops the other workers with SIGTERM): its one line
@@ -254,16 +271,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             lost = None if 2 in codes else _store_lost(handlers)
             if lost is None:
                 raise  # the trainer failed on this node: permanent
-            failed = ", ".join(f"rank {rank} {f.signal_name() if f.exitcode < 0 else f'exit {f.exitcode}'}"
-                               for rank, f in sorted(err.failures.items()))
+            failed = ", ".join(
+                f"rank {rank} {f.signal_name() if f.exitcode < 0 else f'exit {f.exitcode}'}"
+                for rank, f in sorted(err.failures.items())
+            )
             return _lost_peer(f"the workers failed ({failed})", lost)
         except Exception as err:
             if not _store_error(err):
                 raise
             return _lost_peer("torchrun failed", err)
     except SignalException as err:
-        print(f"launch: stopped by {signal.Signals(err.sigval).name}; exit status {128 + err.sigval}",
-              file=sys.stderr, flush=True)
+        print(
+            f"launch: stopped by {signal.Signals(err.sigval).name}; exit status {128 + err.sigval}",
+            file=sys.stderr,
+            flush=True,
+        )
         return 128 + err.sigval
     return 0
 

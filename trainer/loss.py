@@ -10,14 +10,14 @@ memory is a few chunk_size x vocab fp32 blocks instead of batch x seq_len x voca
 
 Both return the fp32 sum of the per-token losses; the caller normalises (see optim.train_step).
 """
+
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
 
-def _accumulate_weight_grad(acc: torch.Tensor | None, grad_logits: torch.Tensor,
-                            hidden: torch.Tensor) -> torch.Tensor:
+def _accumulate_weight_grad(acc: torch.Tensor | None, grad_logits: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
     """acc + grad_logits^T @ hidden, accumulated in fp32 across chunks."""
     if grad_logits.is_cuda and grad_logits.dtype != torch.float32:
         # Tensor-core GEMM with fp32 output: no bf16 rounding of partial sums.
@@ -31,14 +31,15 @@ def _accumulate_weight_grad(acc: torch.Tensor | None, grad_logits: torch.Tensor,
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                chunk_size: int) -> torch.Tensor:
+    def forward(
+        ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_size: int
+    ) -> torch.Tensor:
         loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
         grad_hidden = torch.empty_like(hidden)
         grad_weight = None
         for start in range(0, hidden.shape[0], chunk_size):
-            h = hidden[start:start + chunk_size]
-            t = targets[start:start + chunk_size]
+            h = hidden[start : start + chunk_size]
+            t = targets[start : start + chunk_size]
             logits = (h @ weight.t()).float()
             lse = torch.logsumexp(logits, dim=-1)
             loss += (lse - logits.gather(1, t[:, None]).squeeze(1)).sum()
@@ -46,7 +47,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             grad = logits.sub_(lse[:, None]).exp_()
             grad.scatter_add_(1, t[:, None], torch.full_like(lse[:, None], -1.0))
             grad = grad.to(hidden.dtype)
-            torch.mm(grad, weight, out=grad_hidden[start:start + chunk_size])
+            torch.mm(grad, weight, out=grad_hidden[start : start + chunk_size])
             grad_weight = _accumulate_weight_grad(grad_weight, grad, h)
             del logits, grad
         if grad_weight is None:  # no trained position in this micro-batch
@@ -61,8 +62,9 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         return grad_hidden * grad_out, grad_weight * grad_out, None, None
 
 
-def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
-                         impl: str = "chunked", chunk_size: int = 4096) -> torch.Tensor:
+def linear_cross_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, impl: str = "chunked", chunk_size: int = 4096
+) -> torch.Tensor:
     """Sum over rows of CE(hidden @ weight^T, targets); hidden [N, H], weight [V, H], targets [N]."""
     if impl == "chunked":
         return _ChunkedLinearCrossEntropy.apply(hidden, weight, targets, chunk_size)

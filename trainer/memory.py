@@ -57,6 +57,7 @@ H200s, -6.6%).
 within FIT_FRACTION, 90%, of the GPU's memory): none, then selective (every `selective_ac_every`th
 layer), then full.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -91,8 +92,9 @@ def _saved_per_token(arch: Architecture, cfg: TrainConfig) -> int:
     return 6 * h + 2 * kv + 3 * i
 
 
-def estimate_peak_gib(arch: Architecture, cfg: TrainConfig, shard: int, ac_mode: str | None = None,
-                      grad_sync: str | None = None) -> float:
+def estimate_peak_gib(
+    arch: Architecture, cfg: TrainConfig, shard: int, ac_mode: str | None = None, grad_sync: str | None = None
+) -> float:
     """Estimated peak allocated memory per GPU in GiB; `ac_mode` and `grad_sync` override the config's."""
     P, L, h, V = arch.num_params, arch.num_layers, arch.hidden_size, arch.vocab_size
     par, tr = cfg.parallelism, cfg.training
@@ -146,12 +148,19 @@ def estimate_peak_gib(arch: Architecture, cfg: TrainConfig, shard: int, ac_mode:
 
     # 2. The start of backward, in the last layer.
     layer_backward = layer * d + layer * 4 + tokens * (2 * h + 3 * arch.intermediate_size) * d
-    backward_start = (acts + root_gathered + lm_head * d + (2 * layer * d_gathered if reshard else all_layers)
-                      + layer_backward + top_recomputed)
+    backward_start = (
+        acts
+        + root_gathered
+        + lm_head * d
+        + (2 * layer * d_gathered if reshard else all_layers)
+        + layer_backward
+        + top_recomputed
+    )
 
     # 3. The end of backward: the first layer's backward, then the root's reduce-scatter.
-    first_layer = ((P - root - layer) * grad_bytes + root_gathered + lm_head * d + layer * d_gathered
-                   + layer_backward + kept)
+    first_layer = (
+        (P - root - layer) * grad_bytes + root_gathered + lm_head * d + layer * d_gathered + layer_backward + kept
+    )
     root_reduce = (P - root) * grad_bytes + root * (4 + max(d, 4 / S))
     backward_end = max(first_layer, root_reduce)
 
@@ -165,8 +174,10 @@ def usable_gib(gpu_memory_gib: float) -> float:
 
 def usable_text(gpu_memory_gib: float) -> str:
     """How refusals name the bound, e.g. "80 GiB (64 usable: 90% less 8 GiB of headroom)"."""
-    return (f"{gpu_memory_gib:g} GiB ({usable_gib(gpu_memory_gib):.0f} usable: {FIT_FRACTION:.0%} less "
-            f"{HEADROOM_GIB:g} GiB of headroom)")
+    return (
+        f"{gpu_memory_gib:g} GiB ({usable_gib(gpu_memory_gib):.0f} usable: {FIT_FRACTION:.0%} less "
+        f"{HEADROOM_GIB:g} GiB of headroom)"
+    )
 
 
 def fits(estimate_gib: float, gpu_memory_gib: float) -> bool:
@@ -175,8 +186,9 @@ def fits(estimate_gib: float, gpu_memory_gib: float) -> bool:
     return estimate_gib <= usable_gib(gpu_memory_gib)
 
 
-def choose_activation_checkpointing(arch: Architecture, cfg: TrainConfig, shard: int, gpu_memory_gib: float,
-                                    grad_sync: str | None = None) -> str:
+def choose_activation_checkpointing(
+    arch: Architecture, cfg: TrainConfig, shard: int, gpu_memory_gib: float, grad_sync: str | None = None
+) -> str:
     """The least-recomputing mode whose estimate fits; 'full' when none does (the caller may reject)."""
     for mode in AUTO_ORDER:
         if fits(estimate_peak_gib(arch, cfg, shard, mode, grad_sync), gpu_memory_gib):
@@ -197,11 +209,16 @@ def resolve_auto(arch: Architecture, cfg: TrainConfig, shard: int, gpu_memory_gi
     # With one micro-batch per step there is nothing to defer: 'auto' stays as written.
     if sync == "auto" and cfg.training.grad_accum_steps > 1:
         modes = (par.activation_checkpointing,) if ac_fixed else AUTO_ORDER
-        sync = "last" if any(fits(estimate_peak_gib(arch, cfg, shard, m, "last"), gpu_memory_gib)
-                             for m in modes) else "every"
-    mode = par.activation_checkpointing if ac_fixed else choose_activation_checkpointing(
-        arch, cfg, shard, gpu_memory_gib, sync)
+        sync = (
+            "last"
+            if any(fits(estimate_peak_gib(arch, cfg, shard, m, "last"), gpu_memory_gib) for m in modes)
+            else "every"
+        )
+    mode = (
+        par.activation_checkpointing
+        if ac_fixed
+        else choose_activation_checkpointing(arch, cfg, shard, gpu_memory_gib, sync)
+    )
     if mode == par.activation_checkpointing and sync == par.grad_sync:
         return cfg
-    return dataclasses.replace(cfg, parallelism=dataclasses.replace(par, activation_checkpointing=mode,
-                                                                     grad_sync=sync))
+    return dataclasses.replace(cfg, parallelism=dataclasses.replace(par, activation_checkpointing=mode, grad_sync=sync))

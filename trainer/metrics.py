@@ -41,13 +41,15 @@ correct (`sum by (run) (rate(fsdp_tokens_total[5m]))` is the job's throughput):
 
 All series of one pod come from one snapshot taken at a logged step, so a scrape never mixes two steps.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import resource
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -127,16 +129,21 @@ class TrainerCollector:
         if self._snapshot is None:
             return
         record, tokens = self._snapshot
-        yield GaugeMetricFamily("fsdp_peak_memory_bytes",
-                                "Peak accelerator (or host) memory of this node's local rank 0",
-                                value=record["peak_mem_gib"] * 2**30)
+        yield GaugeMetricFamily(
+            "fsdp_peak_memory_bytes",
+            "Peak accelerator (or host) memory of this node's local rank 0",
+            value=record["peak_mem_gib"] * 2**30,
+        )
         if not self.job_wide:
             return
         for key, (name, doc) in self.JOB_GAUGES.items():
             if key in record:
                 yield GaugeMetricFamily(name, doc, value=record[key])
-        yield CounterMetricFamily("fsdp_tokens", "Non-padding tokens processed by all ranks of the job since "
-                                  "this launch (served by one pod per job)", value=tokens)
+        yield CounterMetricFamily(
+            "fsdp_tokens",
+            "Non-padding tokens processed by all ranks of the job since this launch (served by one pod per job)",
+            value=tokens,
+        )
         yield InfoMetricFamily("fsdp_run", "Run description", value=self.info)
 
 
@@ -167,9 +174,21 @@ class MetricsLogger:
     Token counts stay device tensors between logged steps, so unlogged steps never wait for the GPU.
     """
 
-    def __init__(self, cfg: MetricsConfig, *, is_writer: bool, serves: bool = False, world_size: int,
-                 node_ranks: int = 1, total_steps: int = 0, device: torch.device,
-                 seq_len: int, flops_per_token: float, peak_flops: float, info: dict[str, str]):
+    def __init__(
+        self,
+        cfg: MetricsConfig,
+        *,
+        is_writer: bool,
+        serves: bool = False,
+        world_size: int,
+        node_ranks: int = 1,
+        total_steps: int = 0,
+        device: torch.device,
+        seq_len: int,
+        flops_per_token: float,
+        peak_flops: float,
+        info: dict[str, str],
+    ):
         self.cfg, self.is_writer, self.world_size, self.device = cfg, is_writer, world_size, device
         self.seq_len, self.flops_per_token, self.peak_flops = seq_len, flops_per_token, peak_flops
         self.tokens = 0  # non-padding tokens so far, all ranks
@@ -182,8 +201,7 @@ class MetricsLogger:
             os.makedirs(cfg.output_dir, exist_ok=True)
             self._file = open(os.path.join(cfg.output_dir, "metrics.jsonl"), "a", encoding="utf-8")
         if serves and cfg.prometheus_port:
-            self.prometheus = PrometheusExporter(cfg.prometheus_port, info, job_wide=is_writer,
-                                                 node_ranks=node_ranks)
+            self.prometheus = PrometheusExporter(cfg.prometheus_port, info, job_wide=is_writer, node_ranks=node_ranks)
         self.total_steps = total_steps
 
     def _start_interval(self) -> None:
@@ -212,8 +230,9 @@ class MetricsLogger:
             with open(os.path.join(self.cfg.output_dir, "run.json"), "w", encoding="utf-8") as fh:
                 json.dump(info, fh, indent=2, default=str)
 
-    def step_done(self, step: int, result: Any, *, lr: float, num_samples: int,
-                  data_state: dict[str, int]) -> dict[str, Any] | None:
+    def step_done(
+        self, step: int, result: Any, *, lr: float, num_samples: int, data_state: dict[str, int]
+    ) -> dict[str, Any] | None:
         """Account one step (`result` is an optim.StepResult, num_samples the global sequences).
 
         Returns the logged record on logging steps, else None.
@@ -258,8 +277,11 @@ class MetricsLogger:
         if self.is_writer:
             self._file.write(json.dumps(record) + "\n")
             self._file.flush()
-            print(f"step {step} loss {loss:.4f} lr {lr:.3g} tok/s/gpu {per_gpu:,.0f} mfu {record['mfu']:.1%} "
-                  f"{record['step_time_s']:.3f}s/step mem {record['peak_mem_gib']:.2f}GiB", flush=True)
+            print(
+                f"step {step} loss {loss:.4f} lr {lr:.3g} tok/s/gpu {per_gpu:,.0f} mfu {record['mfu']:.1%} "
+                f"{record['step_time_s']:.3f}s/step mem {record['peak_mem_gib']:.2f}GiB",
+                flush=True,
+            )
         return record
 
     def close(self) -> None:

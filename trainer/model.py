@@ -15,6 +15,7 @@ strategy and world size.
 `export_hf` gathers one tensor at a time to rank 0 and writes a consolidated Hugging Face
 directory (config.json + safetensors) loadable with LlamaForCausalLM.from_pretrained.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,8 @@ import os
 import shutil
 import struct
 import zlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -35,8 +37,14 @@ from trainer.catalog import MODELS, Architecture
 from trainer.config import ConfigError, ModelConfig
 from trainer.loss import linear_cross_entropy
 
-SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
-                      "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32}
+SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+}
 EXPORT_SHARD_BYTES = 5 * 2**30
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json")
 
@@ -48,17 +56,22 @@ class LlamaForTraining(LlamaForCausalLM):
     between the root module's forward hooks. Without targets it returns the logits.
     """
 
-    def forward(self, input_ids: torch.Tensor, targets: torch.Tensor | None = None,
-                loss_index: torch.Tensor | None = None, *, loss_impl: str = "chunked",
-                loss_chunk_size: int = 4096) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        loss_index: torch.Tensor | None = None,
+        *,
+        loss_impl: str = "chunked",
+        loss_chunk_size: int = 4096,
+    ) -> torch.Tensor:
         hidden = self.model(input_ids=input_ids, use_cache=False).last_hidden_state
         if targets is None:
             return self.lm_head(hidden)
         hidden = hidden.reshape(-1, hidden.shape[-1])
         if loss_index is not None:
             hidden = hidden.index_select(0, loss_index)
-        return linear_cross_entropy(hidden, self.lm_head.weight, targets, impl=loss_impl,
-                                    chunk_size=loss_chunk_size)
+        return linear_cross_entropy(hidden, self.lm_head.weight, targets, impl=loss_impl, chunk_size=loss_chunk_size)
 
 
 def read_hf_token(env_name: str) -> str | None:
@@ -70,9 +83,10 @@ def read_hf_token(env_name: str) -> str | None:
         with open(path, encoding="utf-8") as fh:
             return fh.read().strip() or None
     except OSError:
-        raise ConfigError("model.hf_token_file_env",
-                          f"${env_name} names {path}, which cannot be read; mount the token file there "
-                          f"or unset {env_name}") from None
+        raise ConfigError(
+            "model.hf_token_file_env",
+            f"${env_name} names {path}, which cannot be read; mount the token file there or unset {env_name}",
+        ) from None
 
 
 def resolve_model_dir(cfg: ModelConfig, local_files_only: bool = False) -> str:
@@ -81,17 +95,21 @@ def resolve_model_dir(cfg: ModelConfig, local_files_only: bool = False) -> str:
         return cfg.path
     from huggingface_hub import snapshot_download
 
-    return snapshot_download(repo_id=cfg.path, token=read_hf_token(cfg.hf_token_file_env),
-                             allow_patterns=["*.json", "*.safetensors", "tokenizer*"],
-                             local_files_only=local_files_only)
+    return snapshot_download(
+        repo_id=cfg.path,
+        token=read_hf_token(cfg.hf_token_file_env),
+        allow_patterns=["*.json", "*.safetensors", "tokenizer*"],
+        local_files_only=local_files_only,
+    )
 
 
 def hf_config(cfg: ModelConfig, model_dir: str) -> LlamaConfig:
     if model_dir:
         config = LlamaConfig.from_pretrained(model_dir)
         if config.model_type != "llama":
-            raise ConfigError("model.path", f"{model_dir} holds a {config.model_type!r} model; "
-                              "only Llama checkpoints are supported")
+            raise ConfigError(
+                "model.path", f"{model_dir} holds a {config.model_type!r} model; only Llama checkpoints are supported"
+            )
     else:
         config = LlamaConfig(**MODELS[cfg.name].hf_config())
     config._attn_implementation = cfg.attn_implementation
@@ -101,11 +119,19 @@ def hf_config(cfg: ModelConfig, model_dir: str) -> LlamaConfig:
 
 def architecture(config: LlamaConfig, name: str) -> Architecture:
     """The catalog view (parameter and FLOP counts) of the model actually built."""
-    return Architecture(name=name, hf_id="", num_layers=config.num_hidden_layers,
-                        hidden_size=config.hidden_size, num_heads=config.num_attention_heads,
-                        num_kv_heads=config.num_key_value_heads, intermediate_size=config.intermediate_size,
-                        vocab_size=config.vocab_size, max_position_embeddings=config.max_position_embeddings,
-                        rope_theta=0.0, rms_norm_eps=config.rms_norm_eps)
+    return Architecture(
+        name=name,
+        hf_id="",
+        num_layers=config.num_hidden_layers,
+        hidden_size=config.hidden_size,
+        num_heads=config.num_attention_heads,
+        num_kv_heads=config.num_key_value_heads,
+        intermediate_size=config.intermediate_size,
+        vocab_size=config.vocab_size,
+        max_position_embeddings=config.max_position_embeddings,
+        rope_theta=0.0,
+        rms_norm_eps=config.rms_norm_eps,
+    )
 
 
 def build_model(cfg: ModelConfig, model_dir: str = "") -> LlamaForTraining:
@@ -168,8 +194,11 @@ class SafetensorsReader:
         elif os.path.isfile(os.path.join(directory, "model.safetensors")):
             files = ["model.safetensors"]
         else:
-            raise ConfigError("model.path", f"{directory} has no model.safetensors or "
-                              "model.safetensors.index.json; convert the weights to safetensors")
+            raise ConfigError(
+                "model.path",
+                f"{directory} has no model.safetensors or "
+                "model.safetensors.index.json; convert the weights to safetensors",
+            )
         self.entries: dict[str, tuple[str, torch.dtype, list[int], int]] = {}
         for fname in files:
             path = os.path.join(directory, fname)
@@ -181,8 +210,12 @@ class SafetensorsReader:
                     continue
                 if meta["dtype"] not in SAFETENSORS_DTYPES:
                     raise ConfigError("model.path", f"{path}: tensor {key} has unsupported dtype {meta['dtype']}")
-                self.entries[key] = (path, SAFETENSORS_DTYPES[meta["dtype"]], meta["shape"],
-                                     8 + header_len + meta["data_offsets"][0])
+                self.entries[key] = (
+                    path,
+                    SAFETENSORS_DTYPES[meta["dtype"]],
+                    meta["shape"],
+                    8 + header_len + meta["data_offsets"][0],
+                )
 
     def read_into(self, key: str, out: torch.Tensor, offset: tuple[int, ...]) -> None:
         """Copy rows offset[0]:offset[0]+len(out) of `key` (full in the other dims) into `out`."""
@@ -214,16 +247,24 @@ def load_weights(model: torch.nn.Module, model_dir: str) -> int:
             raise ConfigError("model.path", f"{model_dir} lacks tensor {name}; is it a Llama checkpoint?")
         _, _, shape, _ = reader.entries[name]
         if list(param.shape) != shape:
-            raise ConfigError("model.path", f"{model_dir}: {name} has shape {shape}, the model expects "
-                              f"{list(param.shape)}; check config.json")
+            raise ConfigError(
+                "model.path",
+                f"{model_dir}: {name} has shape {shape}, the model expects {list(param.shape)}; check config.json",
+            )
         local, offset = _local_view(param)
         reader.read_into(name, local, offset)
         total += local.numel() * reader.entries[name][1].itemsize
     return total
 
 
-def export_hf(model: torch.nn.Module, out_dir: str, *, dtype: torch.dtype, model_dir: str = "",
-              shard_bytes: int = EXPORT_SHARD_BYTES) -> None:
+def export_hf(
+    model: torch.nn.Module,
+    out_dir: str,
+    *,
+    dtype: torch.dtype,
+    model_dir: str = "",
+    shard_bytes: int = EXPORT_SHARD_BYTES,
+) -> None:
     """Consolidated Hugging Face checkpoint in out_dir; collective (every rank calls it), rank 0 writes.
 
     Tensors are gathered one at a time and written in safetensors files of at most shard_bytes, so
@@ -292,6 +333,8 @@ def num_params(model: torch.nn.Module) -> int:
 
 def describe(model: Any) -> str:
     c = model.config
-    return (f"Llama {num_params(model) / 1e6:.1f}M params: {c.num_hidden_layers} layers, hidden {c.hidden_size}, "
-            f"heads {c.num_attention_heads}/{c.num_key_value_heads}, vocab {c.vocab_size}, "
-            f"attention {c._attn_implementation}")
+    return (
+        f"Llama {num_params(model) / 1e6:.1f}M params: {c.num_hidden_layers} layers, hidden {c.hidden_size}, "
+        f"heads {c.num_attention_heads}/{c.num_key_value_heads}, vocab {c.vocab_size}, "
+        f"attention {c._attn_implementation}"
+    )

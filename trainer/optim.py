@@ -11,11 +11,12 @@
   whatever the padding, the micro-batch split or the rank it lands on. Gradients are clipped on the
   sharded DTensors (clip_grad_norm_ reduces the norm across ranks).
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -29,10 +30,19 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def _adamw_bf16_update(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
-                       lr: torch.Tensor, beta1: torch.Tensor, beta2: torch.Tensor, eps: torch.Tensor,
-                       weight_decay: torch.Tensor, bias_correction1: torch.Tensor,
-                       bias_correction2_sqrt: torch.Tensor) -> None:
+def _adamw_bf16_update(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    lr: torch.Tensor,
+    beta1: torch.Tensor,
+    beta2: torch.Tensor,
+    eps: torch.Tensor,
+    weight_decay: torch.Tensor,
+    bias_correction1: torch.Tensor,
+    bias_correction2_sqrt: torch.Tensor,
+) -> None:
     """One AdamW step of one tensor: moments stored in bf16, arithmetic in fp32.
 
     The scalars are 0-dim tensors on the device, so the compiled version is one graph for every
@@ -55,8 +65,14 @@ class AdamWBf16State(torch.optim.Optimizer):
     them once, which is what the bf16 moments save bandwidth on), eager on CPU.
     """
 
-    def __init__(self, params: Iterable, lr: float, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.0):
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self._compiled = None
 
@@ -85,18 +101,30 @@ class AdamWBf16State(torch.optim.Optimizer):
                 if key not in scalars:
                     beta1, beta2 = group["betas"]
                     # torch.full fills on the device without a blocking host-to-device copy.
-                    scalars[key] = tuple(torch.full((), x, dtype=torch.float32, device=param.device) for x in (
-                        group["lr"], beta1, beta2, group["eps"], group["weight_decay"], 1 - beta1 ** key[1],
-                        math.sqrt(1 - beta2 ** key[1])))
-                self._update_fn(param.device)(param, _local(p.grad), _local(state["exp_avg"]),
-                                              _local(state["exp_avg_sq"]), *scalars[key])
+                    scalars[key] = tuple(
+                        torch.full((), x, dtype=torch.float32, device=param.device)
+                        for x in (
+                            group["lr"],
+                            beta1,
+                            beta2,
+                            group["eps"],
+                            group["weight_decay"],
+                            1 - beta1 ** key[1],
+                            math.sqrt(1 - beta2 ** key[1]),
+                        )
+                    )
+                self._update_fn(param.device)(
+                    param, _local(p.grad), _local(state["exp_avg"]), _local(state["exp_avg_sq"]), *scalars[key]
+                )
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainingConfig, device: torch.device) -> torch.optim.Optimizer:
     """AdamW with weight decay on matrices only (norm weights are not decayed)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
     betas = (cfg.adam_beta1, cfg.adam_beta2)
     if cfg.bf16_optimizer_state:
         return AdamWBf16State(groups, lr=cfg.lr, betas=betas)
@@ -120,8 +148,9 @@ def lr_factor(step: int, cfg: TrainingConfig, total_steps: int) -> float:
     return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * shape
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainingConfig,
-                    total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: TrainingConfig, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg, total_steps))
 
 
@@ -149,8 +178,14 @@ def _fp8_all_gather_modules(model: torch.nn.Module) -> bool:
     return False
 
 
-def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batches: Sequence[Batch],
-               cfg: TrainingConfig, dp_size: int, grad_sync: str = "last") -> StepResult:
+def train_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    micro_batches: Sequence[Batch],
+    cfg: TrainingConfig,
+    dp_size: int,
+    grad_sync: str = "last",
+) -> StepResult:
     """Forward/backward over the micro-batches, clip, optimizer step. Collective: all ranks call it.
 
     grad_sync "last" (parallelism.grad_sync, resolved): FSDP reduces gradients only in the last
@@ -161,8 +196,10 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_b
     device = micro_batches[0].input_ids.device
     # Built on the host and copied without blocking: a tensor made from Python numbers straight on
     # the GPU waits for every queued kernel, so the next step could not be queued ahead.
-    counts = torch.tensor([sum(b.num_loss_tokens for b in micro_batches),
-                           sum(b.num_real_tokens for b in micro_batches)], dtype=torch.int64)
+    counts = torch.tensor(
+        [sum(b.num_loss_tokens for b in micro_batches), sum(b.num_real_tokens for b in micro_batches)],
+        dtype=torch.int64,
+    )
     counts = counts.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else counts
     dist.all_reduce(counts)
     num_loss_tokens = counts[0].clamp(min=1)
@@ -174,8 +211,13 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_b
     for i, batch in enumerate(micro_batches):
         if defer:
             model.set_requires_gradient_sync(i == len(micro_batches) - 1)
-        loss = model(batch.input_ids, batch.targets, batch.loss_index, loss_impl=cfg.loss_impl,
-                     loss_chunk_size=cfg.loss_chunk_size)
+        loss = model(
+            batch.input_ids,
+            batch.targets,
+            batch.loss_index,
+            loss_impl=cfg.loss_impl,
+            loss_chunk_size=cfg.loss_chunk_size,
+        )
         (loss * scale).backward()
         loss_sum += loss.detach()
     max_norm = cfg.grad_clip_norm if cfg.grad_clip_norm > 0 else math.inf
@@ -192,5 +234,6 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_b
 
         precompute_float8_dynamic_scale_for_fsdp(model)
     dist.all_reduce(loss_sum)
-    return StepResult(loss=loss_sum / num_loss_tokens, grad_norm=grad_norm,
-                      num_loss_tokens=counts[0], num_real_tokens=counts[1])
+    return StepResult(
+        loss=loss_sum / num_loss_tokens, grad_norm=grad_norm, num_loss_tokens=counts[0], num_real_tokens=counts[1]
+    )

@@ -15,6 +15,7 @@ The seed's strategy names map onto FSDP2 like this:
   the groups replicate it; gradients are reduce-scattered within and all-reduced across groups.
 - NO_SHARD: 2-D mesh (world, 1): every rank holds the whole model, gradients are all-reduced (DDP).
 """
+
 from __future__ import annotations
 
 import os
@@ -43,8 +44,9 @@ def _attempt_store() -> dist.Store | None:
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
         return None
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                          int(os.environ["WORLD_SIZE"]), is_master=False)
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]), is_master=False
+    )
     return dist.PrefixStore(f"trainer/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
@@ -54,7 +56,9 @@ def init_distributed(local_rank: int) -> torch.device:
     # GPU's capacity, where fragmentation turns into out-of-memory); set before the first allocation.
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     store = _attempt_store()
-    topology = dict(store=store, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"])) if store else {}
+    topology = (
+        dict(store=store, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"])) if store else {}
+    )
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
@@ -66,8 +70,9 @@ def init_distributed(local_rank: int) -> torch.device:
     return device
 
 
-def resolve_checkpointing(cfg: TrainConfig, arch: Architecture, world_size: int, local_world_size: int,
-                          device: torch.device) -> TrainConfig:
+def resolve_checkpointing(
+    cfg: TrainConfig, arch: Architecture, world_size: int, local_world_size: int, device: torch.device
+) -> TrainConfig:
     """Resolve activation_checkpointing 'auto' from this device's memory (no limit known on CPU: none)."""
     if device.type == "cuda":
         memory_gib = torch.cuda.get_device_properties(device).total_memory / GIB
@@ -123,8 +128,9 @@ def apply_fsdp(model: torch.nn.Module, cfg: ParallelismConfig, mesh: DeviceMesh)
     layers = decoder_layers(model)
     for i, layer in enumerate(layers):
         last = i == len(layers) - 1
-        fully_shard(layer, mesh=mesh, mp_policy=mp,
-                    reshard_after_forward=reshard and (cfg.reshard_last_layer or not last))
+        fully_shard(
+            layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard and (cfg.reshard_last_layer or not last)
+        )
     # The root's parameters are needed first in backward: keep them gathered.
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
     if cfg.prefetch and len(layers) > 1:
@@ -152,8 +158,13 @@ def apply_fp8(model: torch.nn.Module, cfg: ParallelismConfig, device_type: str) 
     config = Float8LinearConfig(enable_fsdp_float8_all_gather=cfg.fp8_all_gather, emulate=emulate)
     for layer in decoder_layers(model):
         # fp8 matmuls need both dimensions divisible by 16; every catalog architecture's are.
-        convert_to_float8_training(layer, config=config, module_filter_fn=lambda m, _: (
-            isinstance(m, torch.nn.Linear) and m.in_features % 16 == 0 and m.out_features % 16 == 0))
+        convert_to_float8_training(
+            layer,
+            config=config,
+            module_filter_fn=lambda m, _: (
+                isinstance(m, torch.nn.Linear) and m.in_features % 16 == 0 and m.out_features % 16 == 0
+            ),
+        )
 
 
 def parallelize(model: torch.nn.Module, cfg: ParallelismConfig, mesh: DeviceMesh) -> torch.nn.Module:

@@ -18,6 +18,7 @@ and NCCL_DEBUG_FILE pointing into a temporary directory, then parses rank 0's fi
 makes a multi-node job several times slower), nvlink (GPU peer-to-peer within a node), shm, unknown.
 On CPU (no GPU) it runs over gloo and reports transport "gloo", so the program itself can be tested.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -83,8 +84,12 @@ def judge(transport: str, expected: str, busbw_gbs: float, min_busbw_gbs: float)
     bandwidth reaches the minimum. Returns (passed, reason); the reason names every failed check."""
     problems = []
     if expected != "any" and transport != expected:
-        hint = " (NCCL fell back to TCP sockets: check the EFA device plugin, the pod's " \
-               "vpc.amazonaws.com/efa resources and FI_PROVIDER)" if transport == "socket" and expected == "efa" else ""
+        hint = (
+            " (NCCL fell back to TCP sockets: check the EFA device plugin, the pod's "
+            "vpc.amazonaws.com/efa resources and FI_PROVIDER)"
+            if transport == "socket" and expected == "efa"
+            else ""
+        )
         problems.append(f"transport {transport}, expected {expected}{hint}")
     if busbw_gbs < min_busbw_gbs:
         problems.append(f"bus bandwidth {busbw_gbs:.1f} GB/s below the minimum {min_busbw_gbs:.1f} GB/s")
@@ -99,16 +104,21 @@ def bus_bandwidth(algbw_gbs: float, world_size: int) -> float:
 
 
 def _parse_args(argv):
-    parser = argparse.ArgumentParser(prog="torchrun ... -m trainer.preflight",
-                                     description="Measure all-reduce bus bandwidth and NCCL's transport.")
+    parser = argparse.ArgumentParser(
+        prog="torchrun ... -m trainer.preflight", description="Measure all-reduce bus bandwidth and NCCL's transport."
+    )
     parser.add_argument("--size-mib", type=float, default=256.0, help="all-reduce buffer size (MiB)")
     parser.add_argument("--iters", type=int, default=20, help="timed all-reduces")
     parser.add_argument("--warmup", type=int, default=5, help="untimed all-reduces first")
     parser.add_argument("--expect-transport", choices=EXPECTABLE, default="any")
     parser.add_argument("--min-busbw-gbs", type=float, default=0.0)
     parser.add_argument("--json", dest="json_path", default="", help="also write the JSON line here")
-    parser.add_argument("--keep-nccl-log", default="", metavar="PATH",
-                        help="copy rank 0's NCCL log here (for a bug report or new test data)")
+    parser.add_argument(
+        "--keep-nccl-log",
+        default="",
+        metavar="PATH",
+        help="copy rank 0's NCCL log here (for a bug report or new test data)",
+    )
     args = parser.parse_args(argv)
     if args.size_mib <= 0 or args.iters < 1 or args.warmup < 0 or args.min_busbw_gbs < 0:
         parser.error("--size-mib must be positive, --iters at least 1, --warmup and --min-busbw-gbs not negative")
@@ -168,9 +178,17 @@ def main(argv=None) -> int:
     else:
         transport = "gloo"
     passed, reason = judge(transport, args.expect_transport, busbw, args.min_busbw_gbs)
-    result = {"world_size": world, "size_mib": args.size_mib, "algbw_gbs": round(algbw, 3),
-              "busbw_gbs": round(busbw, 3), "transport": transport, "expected": args.expect_transport,
-              "min_busbw_gbs": args.min_busbw_gbs, "passed": passed, "reason": reason}
+    result = {
+        "world_size": world,
+        "size_mib": args.size_mib,
+        "algbw_gbs": round(algbw, 3),
+        "busbw_gbs": round(busbw, 3),
+        "transport": transport,
+        "expected": args.expect_transport,
+        "min_busbw_gbs": args.min_busbw_gbs,
+        "passed": passed,
+        "reason": reason,
+    }
     if rank == 0:
         line = json.dumps(result, sort_keys=False)
         print(line, flush=True)

@@ -22,6 +22,7 @@ on one --out take turns (a lock file in --out). Bad input (an unknown dataset or
 without the format's fields) is one line `error: ...` on stderr and exit status 2, with nothing
 written; a failed download is one line and exit status 1.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,7 +33,8 @@ import json
 import os
 import sys
 import time
-from typing import Any, Iterator, NoReturn, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any, NoReturn
 
 from trainer.config import ConfigError
 from trainer.data import FIELDS, format_example
@@ -61,8 +63,10 @@ def load_rows(source: str, split: str) -> Any:
     datasets.disable_progress_bars()
     try:
         if os.path.isdir(source):
-            saved = any(os.path.isfile(os.path.join(source, name))
-                        for name in ("dataset_dict.json", "state.json", "dataset_info.json"))
+            saved = any(
+                os.path.isfile(os.path.join(source, name))
+                for name in ("dataset_dict.json", "state.json", "dataset_info.json")
+            )
             data = datasets.load_from_disk(source) if saved else datasets.load_dataset(source, split=split)
             if isinstance(data, datasets.DatasetDict):
                 if split not in data:
@@ -70,8 +74,10 @@ def load_rows(source: str, split: str) -> Any:
                 data = data[split]
             return data
         if source.startswith((".", "/")) or os.sep in source.strip("/").split("/", 1)[-1]:
-            raise PrepareError(f"--dataset: folder {source} not found; give a local dataset folder or a hub "
-                               "name such as knkarthick/samsum")
+            raise PrepareError(
+                f"--dataset: folder {source} not found; give a local dataset folder or a hub "
+                "name such as knkarthick/samsum"
+            )
         return datasets.load_dataset(source, split=split)
     except PrepareError:
         raise
@@ -93,8 +99,10 @@ def convert(data: Any, fmt: str, source: str) -> tuple[list[str], int]:
     """(JSON lines in the trainer's format, rows skipped for a missing or non-text field)."""
     missing = [name for name in FIELDS[fmt] if name not in data.column_names]
     if missing:
-        raise PrepareError(f"--format {fmt}: {source} has no column {', '.join(missing)} (it has "
-                           f"{', '.join(data.column_names)}); pick the format that matches, samsum or alpaca")
+        raise PrepareError(
+            f"--format {fmt}: {source} has no column {', '.join(missing)} (it has "
+            f"{', '.join(data.column_names)}); pick the format that matches, samsum or alpaca"
+        )
     lines, skipped = [], 0
     for index, row in enumerate(data):
         record = {name: row.get(name) for name in columns_of(fmt) if name in row}
@@ -107,8 +115,7 @@ def convert(data: Any, fmt: str, source: str) -> tuple[list[str], int]:
             continue
         lines.append(json.dumps(record, ensure_ascii=False))
     if not lines:
-        raise PrepareError(f"--dataset: none of the {skipped} rows of {source} has text in "
-                           f"{', '.join(FIELDS[fmt])}")
+        raise PrepareError(f"--dataset: none of the {skipped} rows of {source} has text in {', '.join(FIELDS[fmt])}")
     return lines, skipped
 
 
@@ -143,8 +150,10 @@ def _done_already(out: str, wanted: dict[str, str]) -> dict[str, Any] | None:
     if marker is None:
         return None
     if {key: marker.get(key) for key in wanted} != wanted:
-        raise PrepareError(f"--out: {out} already holds {marker.get('dataset')} (format {marker.get('format')}, "
-                           f"split {marker.get('split')}); use another --out, or remove {out} to replace it")
+        raise PrepareError(
+            f"--out: {out} already holds {marker.get('dataset')} (format {marker.get('format')}, "
+            f"split {marker.get('split')}); use another --out, or remove {out} to replace it"
+        )
     return marker
 
 
@@ -177,9 +186,15 @@ def prepare(source: str, fmt: str, out: str, split: str = "train") -> tuple[dict
         _write_atomically(os.path.join(out, name), text)
         import datasets
 
-        marker = {**wanted, "file": name, "rows": len(lines), "skipped_rows": skipped,
-                  "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
-                  "datasets_version": datasets.__version__, "time": time.time()}
+        marker = {
+            **wanted,
+            "file": name,
+            "rows": len(lines),
+            "skipped_rows": skipped,
+            "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
+            "datasets_version": datasets.__version__,
+            "time": time.time(),
+        }
         _write_atomically(os.path.join(out, MARKER), json.dumps(marker, indent=2) + "\n")
         _fsync_dir(out)
     return marker, True
@@ -192,8 +207,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _Parser(prog="python -m trainer.prepare_data",
-                     description="Stage a dataset on the shared volume in the trainer's format, once.")
+    parser = _Parser(
+        prog="python -m trainer.prepare_data",
+        description="Stage a dataset on the shared volume in the trainer's format, once.",
+    )
     parser.add_argument("--dataset", required=True, help="hub dataset name or local dataset folder")
     parser.add_argument("--format", required=True, choices=FORMATS, help="the trainer's data.format")
     parser.add_argument("--out", required=True, help="output folder, e.g. /shared/data/samsum")
@@ -209,8 +226,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return err.status
     path = os.path.join(out, marker["file"])
     if wrote:
-        print(f"prepared {path}: {marker['rows']} rows ({marker['skipped_rows']} skipped for a missing field) "
-              f"from {args.dataset}; marker {os.path.join(out, MARKER)}")
+        print(
+            f"prepared {path}: {marker['rows']} rows ({marker['skipped_rows']} skipped for a missing field) "
+            f"from {args.dataset}; marker {os.path.join(out, MARKER)}"
+        )
     else:
         print(f"already prepared: {path} ({marker['rows']} rows, marker {os.path.join(out, MARKER)}); nothing to do")
     return 0

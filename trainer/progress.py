@@ -24,6 +24,7 @@ the newest record (older ones are dropped), each with a short timeout; a failure
 403, timeout) is printed as one warning line, then again at most every 10 minutes, and training
 goes on. Without FSDP_POD_NAME, an API address or a token nothing is published.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -35,7 +36,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 SERVICEACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 PREFIX = "fsdp-gitops/"
@@ -57,7 +59,7 @@ def format_eta(seconds: float) -> str:
 def annotations(record: Mapping[str, Any], total_steps: int, *, done: bool = False) -> dict[str, str]:
     """The annotations for one metrics record (trainer.metrics.MetricsLogger.step_done)."""
     remaining = max(0, total_steps - record["step"])
-    when = dt.datetime.fromtimestamp(record["time"], dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    when = dt.datetime.fromtimestamp(record["time"], dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {
         PREFIX + "step": f"{record['step']}/{total_steps}",
         PREFIX + "epoch": str(record["data_epoch"]),
@@ -71,8 +73,16 @@ def annotations(record: Mapping[str, Any], total_steps: int, *, done: bool = Fal
 class ProgressPublisher:
     """Patches annotations onto one API object from a background thread; see the module docstring."""
 
-    def __init__(self, *, url: str, token_path: str, ca_path: str, total_steps: int,
-                 interval_s: float = 30.0, timeout_s: float = 5.0):
+    def __init__(
+        self,
+        *,
+        url: str,
+        token_path: str,
+        ca_path: str,
+        total_steps: int,
+        interval_s: float = 30.0,
+        timeout_s: float = 5.0,
+    ):
         self.url, self.token_path, self.ca_path, self.total_steps = url, token_path, ca_path, total_steps
         self.interval_s, self.timeout_s = interval_s, timeout_s
         self._context: ssl.SSLContext | None = None  # made on first use, where a missing CA is just a failure
@@ -87,8 +97,7 @@ class ProgressPublisher:
         self._thread.start()
 
     @classmethod
-    def from_environment(cls, total_steps: int,
-                         environ: Mapping[str, str] = os.environ) -> "ProgressPublisher | None":
+    def from_environment(cls, total_steps: int, environ: Mapping[str, str] = os.environ) -> ProgressPublisher | None:
         """The publisher for this pod, or None when the pod does not ask for it (no FSDP_POD_NAME) or
         is not in a cluster (no API address or token)."""
         sa_dir = environ.get("FSDP_SERVICEACCOUNT_DIR", SERVICEACCOUNT_DIR)
@@ -108,8 +117,13 @@ class ProgressPublisher:
             interval_s = float(environ.get("FSDP_PROGRESS_INTERVAL_S", "30"))
         except ValueError:
             interval_s = 30.0
-        return cls(url=url, token_path=token_path, ca_path=os.path.join(sa_dir, "ca.crt"),
-                   total_steps=total_steps, interval_s=interval_s)
+        return cls(
+            url=url,
+            token_path=token_path,
+            ca_path=os.path.join(sa_dir, "ca.crt"),
+            total_steps=total_steps,
+            interval_s=interval_s,
+        )
 
     def publish(self, record: Mapping[str, Any] | None, *, force: bool = False, done: bool = False) -> None:
         """Queue `record` if the interval has passed (or force); never blocks on the network."""
@@ -149,9 +163,16 @@ class ProgressPublisher:
             with open(self.token_path, encoding="utf-8") as fh:
                 token = fh.read().strip()  # re-read: projected tokens are rotated by the kubelet
             data = json.dumps({"metadata": {"annotations": body}}).encode()
-            req = urllib.request.Request(self.url, data=data, method="PATCH", headers={
-                "Authorization": f"Bearer {token}", "Content-Type": "application/merge-patch+json",
-                "Accept": "application/json"})
+            req = urllib.request.Request(
+                self.url,
+                data=data,
+                method="PATCH",
+                headers={
+                    "Authorization": f"Bearer {token}",
+                    "Content-Type": "application/merge-patch+json",
+                    "Accept": "application/json",
+                },
+            )
             with urllib.request.urlopen(req, timeout=self.timeout_s, context=self._context) as resp:
                 resp.read()
             self.sent += 1
@@ -161,5 +182,8 @@ class ProgressPublisher:
             if now - self._last_warning >= WARN_EVERY_S:
                 self._last_warning = now
                 reason = f"HTTP {e.code}" if isinstance(e, urllib.error.HTTPError) else f"{type(e).__name__}: {e}"
-                print(f"warning: progress annotations not published to {self.url} ({reason}); training "
-                      "continues", file=sys.stderr, flush=True)
+                print(
+                    f"warning: progress annotations not published to {self.url} ({reason}); training continues",
+                    file=sys.stderr,
+                    flush=True,
+                )

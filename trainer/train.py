@@ -39,6 +39,7 @@ with a traceback. A restarted or re-launched job resumes from the newest loadabl
 checkpoint.dir (checkpoint.resume=true); the directory comes from the config only, never from the
 job's name, so a retried job under a new name keeps its checkpoints.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,8 +49,8 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from trainer.config import ConfigError, TrainConfig, check_topology, load_config, to_dict
 
@@ -66,10 +67,14 @@ class DistEnv:
     local_world_size: int
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str] = os.environ) -> "DistEnv":
+    def from_environ(cls, environ: Mapping[str, str] = os.environ) -> DistEnv:
         values = {}
-        for name, default in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
-                              ("LOCAL_WORLD_SIZE", environ.get("WORLD_SIZE", "1"))):
+        for name, default in (
+            ("RANK", "0"),
+            ("WORLD_SIZE", "1"),
+            ("LOCAL_RANK", "0"),
+            ("LOCAL_WORLD_SIZE", environ.get("WORLD_SIZE", "1")),
+        ):
             raw = environ.get(name, default)
             if not raw.isdigit():
                 raise ConfigError(name, f"environment variable is {raw!r}; launch with torchrun")
@@ -83,19 +88,28 @@ def preflight(cfg: TrainConfig, env: DistEnv) -> None:
 
     check_topology(cfg.parallelism, env.world_size, env.local_world_size)
     if cfg.data.format != "synthetic" and not os.path.isfile(cfg.data.path):
-        raise ConfigError("data.path", f"file {cfg.data.path} not found; point data.path at a JSON or JSONL "
-                          "file (relative paths start at the working directory)")
+        raise ConfigError(
+            "data.path",
+            f"file {cfg.data.path} not found; point data.path at a JSON or JSONL "
+            "file (relative paths start at the working directory)",
+        )
     if not cfg.model.path:
         if cfg.model.name not in MODELS:
-            raise ConfigError("model.name", f"unknown architecture {cfg.model.name!r}; use one of "
-                              f"{', '.join(sorted(MODELS))} or set model.path")
+            raise ConfigError(
+                "model.name",
+                f"unknown architecture {cfg.model.name!r}; use one of {', '.join(sorted(MODELS))} or set model.path",
+            )
     elif os.path.isdir(cfg.model.path):
         if not os.path.isfile(os.path.join(cfg.model.path, "config.json")):
-            raise ConfigError("model.path", f"{cfg.model.path} has no config.json; point it at a Hugging "
-                              "Face checkpoint directory")
+            raise ConfigError(
+                "model.path", f"{cfg.model.path} has no config.json; point it at a Hugging Face checkpoint directory"
+            )
     elif cfg.model.path.startswith((".", "/")) or not HUB_ID.match(cfg.model.path):
-        raise ConfigError("model.path", f"directory {cfg.model.path} not found; give a checkpoint directory "
-                          "or a hub id such as meta-llama/Llama-2-7b-hf")
+        raise ConfigError(
+            "model.path",
+            f"directory {cfg.model.path} not found; give a checkpoint directory "
+            "or a hub id such as meta-llama/Llama-2-7b-hf",
+        )
 
 
 def train(cfg: TrainConfig, env: DistEnv) -> int:
@@ -120,8 +134,10 @@ def train(cfg: TrainConfig, env: DistEnv) -> int:
     stop = StopRequest()  # from here on, SIGTERM stops the run at the next step boundary with a checkpoint
     torch.manual_seed(cfg.training.seed + env.rank)
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True) and env.world_size > env.local_world_size:
-        say("warning: torchrun shares its c10d store with the workers; on several nodes a restart can hang "
-            "process-group setup (pytorch/pytorch#135712); launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1")
+        say(
+            "warning: torchrun shares its c10d store with the workers; on several nodes a restart can hang "
+            "process-group setup (pytorch/pytorch#135712); launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"
+        )
     model_dir = modeling.resolve_model_dir(cfg.model) if env.local_rank == 0 else ""
     dist.barrier()
     if env.local_rank != 0:
@@ -140,40 +156,59 @@ def train(cfg: TrainConfig, env: DistEnv) -> int:
         modeling.load_weights(model, model_dir)
     else:
         modeling.init_random_weights(model, cfg.model.init_seed)
-    load = {"source": model_dir or f"random init of {cfg.model.name}", "seconds": time.perf_counter() - t_load,
-            "host_peak_delta_bytes": probe()}
+    load = {
+        "source": model_dir or f"random init of {cfg.model.name}",
+        "seconds": time.perf_counter() - t_load,
+        "host_peak_delta_bytes": probe(),
+    }
     stats = torch.tensor([load["host_peak_delta_bytes"]], dtype=torch.int64, device=device)
     dist.all_reduce(stats, op=dist.ReduceOp.MAX)
     load["host_peak_delta_bytes_max_rank"] = int(stats.item())
-    say(f"model: {modeling.describe(model)}; loaded from {load['source']} in {load['seconds']:.1f}s; "
-        f"activation checkpointing {cfg.parallelism.activation_checkpointing}")
+    say(
+        f"model: {modeling.describe(model)}; loaded from {load['source']} in {load['seconds']:.1f}s; "
+        f"activation checkpointing {cfg.parallelism.activation_checkpointing}"
+    )
     if model_dir and cfg.model.name in MODELS and MODELS[cfg.model.name].num_params != arch.num_params:
-        say(f"warning: model.name {cfg.model.name} does not match the checkpoint's architecture; "
-            "MFU uses the checkpoint's")
+        say(
+            f"warning: model.name {cfg.model.name} does not match the checkpoint's architecture; "
+            "MFU uses the checkpoint's"
+        )
 
     # 3. Data: tokenised rows and this rank's resumable sampler.
     tokenizer = None if cfg.data.format == "synthetic" else load_tokenizer(model_dir, model.config.vocab_size)
     dataset = build_dataset(cfg.data, tokenizer, model.config.vocab_size, cfg.training.seed)
-    sampler = ShardedSampler(len(dataset), cfg.training.batch_size_per_gpu, env.rank, env.world_size,
-                             cfg.training.seed)
+    sampler = ShardedSampler(len(dataset), cfg.training.batch_size_per_gpu, env.rank, env.world_size, cfg.training.seed)
     steps = total_steps(cfg.training, sampler.micro_batches_per_epoch)
-    say(f"data: {dataset.num_examples} examples -> {len(dataset)} rows of {cfg.data.seq_len} tokens, "
+    say(
+        f"data: {dataset.num_examples} examples -> {len(dataset)} rows of {cfg.data.seq_len} tokens, "
         f"padding {dataset.padding_fraction:.1%}; {dataset.num_truncated} over-long examples cut at the "
-        f"prompt's start, {dataset.num_dropped} dropped (response longer than data.seq_len); {steps} steps")
+        f"prompt's start, {dataset.num_dropped} dropped (response longer than data.seq_len); {steps} steps"
+    )
 
     # 4. Optimizer, schedule, checkpoints (resume from the newest complete one), metrics.
     optimizer = build_optimizer(model, cfg.training, device)
     scheduler = build_scheduler(optimizer, cfg.training, steps)
     checkpointer = Checkpointer(cfg.checkpoint, to_dict(cfg))
-    peak_flops = cfg.metrics.peak_flops or (peak_flops_for(torch.cuda.get_device_name(device))
-                                            if device.type == "cuda" else 0.0)
-    metrics = MetricsLogger(cfg.metrics, is_writer=env.rank == 0, serves=env.local_rank == 0,
-                            world_size=env.world_size, node_ranks=env.local_world_size, total_steps=steps,
-                            device=device,
-                            seq_len=cfg.data.seq_len, flops_per_token=arch.flops_per_token(cfg.data.seq_len),
-                            peak_flops=peak_flops,
-                            info={"model": cfg.model.name, "strategy": cfg.parallelism.sharding_strategy,
-                                  "precision": cfg.parallelism.precision})
+    peak_flops = cfg.metrics.peak_flops or (
+        peak_flops_for(torch.cuda.get_device_name(device)) if device.type == "cuda" else 0.0
+    )
+    metrics = MetricsLogger(
+        cfg.metrics,
+        is_writer=env.rank == 0,
+        serves=env.local_rank == 0,
+        world_size=env.world_size,
+        node_ranks=env.local_world_size,
+        total_steps=steps,
+        device=device,
+        seq_len=cfg.data.seq_len,
+        flops_per_token=arch.flops_per_token(cfg.data.seq_len),
+        peak_flops=peak_flops,
+        info={
+            "model": cfg.model.name,
+            "strategy": cfg.parallelism.sharding_strategy,
+            "precision": cfg.parallelism.precision,
+        },
+    )
     start_step = 0
     resumed = checkpointer.resume(model, optimizer, say)
     resume_path = resumed[0] if resumed else None
@@ -184,21 +219,37 @@ def train(cfg: TrainConfig, env: DistEnv) -> int:
         metrics.load_state_dict(state["metrics"])
         start_step = state["step"]
         say(f"resumed from {resume_path} at step {start_step}")
-    metrics.write_run_info({
-        "config": to_dict(cfg), "world_size": env.world_size, "local_world_size": env.local_world_size,
-        "mesh": dict(zip(mesh.mesh_dim_names, mesh.shape)), "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "num_params": arch.num_params, "flops_per_token": arch.flops_per_token(cfg.data.seq_len),
-        "peak_flops": peak_flops, "load": load, "total_steps": steps, "resumed_from": resume_path,
-        "restart_count": metrics.restart_count,
-        "dataset": {"examples": dataset.num_examples, "rows": len(dataset),
-                    "padding_fraction": dataset.padding_fraction, "truncated": dataset.num_truncated,
-                    "dropped": dataset.num_dropped},
-        "versions": {"python": sys.version.split()[0], "torch": torch.__version__,
-                     "transformers": __import__("transformers").__version__,
-                     "cuda": torch.version.cuda, "nccl": ".".join(map(str, torch.cuda.nccl.version()))
-                     if device.type == "cuda" else None},
-    })
+    metrics.write_run_info(
+        {
+            "config": to_dict(cfg),
+            "world_size": env.world_size,
+            "local_world_size": env.local_world_size,
+            "mesh": dict(zip(mesh.mesh_dim_names, mesh.shape)),
+            "device": str(device),
+            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "num_params": arch.num_params,
+            "flops_per_token": arch.flops_per_token(cfg.data.seq_len),
+            "peak_flops": peak_flops,
+            "load": load,
+            "total_steps": steps,
+            "resumed_from": resume_path,
+            "restart_count": metrics.restart_count,
+            "dataset": {
+                "examples": dataset.num_examples,
+                "rows": len(dataset),
+                "padding_fraction": dataset.padding_fraction,
+                "truncated": dataset.num_truncated,
+                "dropped": dataset.num_dropped,
+            },
+            "versions": {
+                "python": sys.version.split()[0],
+                "torch": torch.__version__,
+                "transformers": __import__("transformers").__version__,
+                "cuda": torch.version.cuda,
+                "nccl": ".".join(map(str, torch.cuda.nccl.version())) if device.type == "cuda" else None,
+            },
+        }
+    )
 
     # Progress annotations on rank 0's pod (in a cluster only; failures never stop training).
     progress = ProgressPublisher.from_environment(steps) if env.rank == 0 else None
@@ -212,8 +263,7 @@ def train(cfg: TrainConfig, env: DistEnv) -> int:
     for step in range(start_step + 1, steps + 1):
         micro_batches = [dataset.batch(sampler.next_rows()).to(device) for _ in range(accum)]
         lr = scheduler.get_last_lr()[0]
-        result = train_step(model, optimizer, micro_batches, cfg.training, env.world_size,
-                            cfg.parallelism.grad_sync)
+        result = train_step(model, optimizer, micro_batches, cfg.training, env.world_size, cfg.parallelism.grad_sync)
         scheduler.step()
         record = metrics.step_done(step, result, lr=lr, num_samples=global_rows, data_state=sampler.state_dict())
         if progress:
@@ -221,14 +271,20 @@ def train(cfg: TrainConfig, env: DistEnv) -> int:
         stopping = stop.requested()
         if checkpointer.due(step, steps) or (stopping and checkpointer.enabled):
             t_save = time.perf_counter()
-            path = checkpointer.save(step, model, optimizer, {
-                "data": sampler.state_dict(), "scheduler": scheduler.state_dict(),
-                "metrics": metrics.state_dict()})
+            path = checkpointer.save(
+                step,
+                model,
+                optimizer,
+                {"data": sampler.state_dict(), "scheduler": scheduler.state_dict(), "metrics": metrics.state_dict()},
+            )
             metrics.exclude(time.perf_counter() - t_save)
             say(f"checkpoint: {path} ({time.perf_counter() - t_save:.1f}s)")
         if stopping:
-            say(f"stopped by SIGTERM after step {step}" + (f", checkpoint {path}" if checkpointer.enabled else
-                ", no checkpoint (checkpoint.dir is empty)") + "; exit status 143, the restarted job resumes")
+            say(
+                f"stopped by SIGTERM after step {step}"
+                + (f", checkpoint {path}" if checkpointer.enabled else ", no checkpoint (checkpoint.dir is empty)")
+                + "; exit status 143, the restarted job resumes"
+            )
             break
 
     # 6. Optional consolidated Hugging Face export (of a finished run), then leave the process group.
@@ -254,8 +310,9 @@ def _single_process_defaults() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1",
-                      LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1"
+    )
 
 
 def _where(key: str, config_path: str, overrides: Sequence[str]) -> str:
@@ -272,8 +329,11 @@ def _where(key: str, config_path: str, overrides: Sequence[str]) -> str:
     except yaml.YAMLError:
         return config_path
     for part in key.split("."):
-        match = [(k, v) for k, v in getattr(node, "value", ()) if isinstance(node, yaml.MappingNode)
-                 and getattr(k, "value", None) == part]
+        match = [
+            (k, v)
+            for k, v in getattr(node, "value", ())
+            if isinstance(node, yaml.MappingNode) and getattr(k, "value", None) == part
+        ]
         if not match:
             return config_path
         key_node, node = match[0]
@@ -292,8 +352,9 @@ def _fail(err: ConfigError, rank: int, config_path: str, overrides: Sequence[str
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.train",
-                                     description="Fine-tune a Llama model with FSDP2 (launch with torchrun).")
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.train", description="Fine-tune a Llama model with FSDP2 (launch with torchrun)."
+    )
     parser.add_argument("--config", required=True, help="YAML config file (see trainer/configs/)")
     parser.add_argument("overrides", nargs="*", metavar="key.path=value", help="e.g. training.max_steps=10")
     args = parser.parse_args(argv)

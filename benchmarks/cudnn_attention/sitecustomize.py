@@ -7,8 +7,11 @@ flash-attention kernel, with no change to the trainer:
     PYTHONPATH=benchmarks/cudnn_attention torchrun --standalone --nproc_per_node=1 \
         benchmarks/train_bench.py --name default-cudnn-attention
 """
+
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 # Entered once and never left: the priority stays for the life of the process.
-sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-             SDPBackend.MATH], set_priority=True).__enter__()
+sdpa_kernel(
+    [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH],
+    set_priority=True,
+).__enter__()

@@ -5,11 +5,13 @@ Errors become Click exceptions here and nowhere else: `InputError` -> one line `
 and exit 2 (`BadInput`); `ToolError` and a failed write -> one line and exit 1 (`Failure`). Click's
 standalone mode does the exiting, so no module calls sys.exit.
 """
+
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import IO, Any, Callable, Mapping
+from typing import IO, Any
 
 import click
 
@@ -64,8 +66,12 @@ def matrix_label(path: str, repo_root: Path) -> str:
     except ValueError:
         label = full.name
     if not label.isascii():
-        raise InputError("the file name is not ASCII (generated files are ASCII only)", file=path, key="MATRIX",
-                         fix="rename the matrix file")
+        raise InputError(
+            "the file name is not ASCII (generated files are ASCII only)",
+            file=path,
+            key="MATRIX",
+            fix="rename the matrix file",
+        )
     return label
 
 
@@ -84,8 +90,7 @@ def output_dir(out: str | None, default: Path, repo_root: Path) -> Path:
     return out_dir
 
 
-def sync(out_dir: Path, files: Mapping[str, bytes], *, check: bool, generator: str, rerun: str,
-         what: str) -> None:
+def sync(out_dir: Path, files: Mapping[str, bytes], *, check: bool, generator: str, rerun: str, what: str) -> None:
     """Compare (--check: Failure naming each file that would change) or write the generated files.
 
     `what` says what the files are for, e.g. "for 30 runs"; `rerun` is the command that regenerates.
@@ -108,5 +113,8 @@ def sync(out_dir: Path, files: Mapping[str, bytes], *, check: bool, generator: s
         changes = outdir.write(out_dir, files, generator=generator, banner=banner, label=shown)
     except OSError as err:
         raise Failure(f"error: writing {shown}: {err}") from None
-    click.echo(f"{len(files)} files {what} under {shown}: {len(changes.created)} created, "
-               f"{len(changes.updated)} updated, {len(changes.deleted)} stale deleted", err=True)
+    click.echo(
+        f"{len(files)} files {what} under {shown}: {len(changes.created)} created, "
+        f"{len(changes.updated)} updated, {len(changes.deleted)} stale deleted",
+        err=True,
+    )

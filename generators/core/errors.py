@@ -7,6 +7,7 @@ tool failed in a way that says nothing about the input (a pinned Go tool is miss
 printed no JSON, a write failed). Nothing below the four commands (generators/expand.py, cluster.py,
 validate.py, report.py) prints or exits.
 """
+
 from __future__ import annotations
 
 

@@ -3,6 +3,7 @@
 `bash tools/setup.sh test` builds them from tools/go.mod into <repo>/.tools/bin; that copy wins over
 anything on PATH so the pinned versions are the ones used.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,7 +1,8 @@
 """Markdown tables that read as plain text too (padded columns): the report's and the plan's."""
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def cell(text: str) -> str:
@@ -14,8 +15,11 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
 
     def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(c.ljust(w) if i < left else c.rjust(w)
-                                 for i, (c, w) in enumerate(zip(cells, widths))) + " |"
+        return (
+            "| "
+            + " | ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+            + " |"
+        )
 
     rule = "|" + "|".join("-" * (w + 2) if i < left else "-" * (w + 1) + ":" for i, w in enumerate(widths)) + "|"
     return "\n".join([line(header), rule] + [line(r) for r in rows])

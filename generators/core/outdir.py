@@ -17,6 +17,7 @@ the new output says; what a killed write left beside it is removed by the next o
 same output take turns (an exclusive lock: in the git directory when the output is in a work tree, so
 nested outputs such as overlays/ and overlays/provisioning/ take turns too, else beside the output).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -26,10 +27,10 @@ import os
 import posixpath
 import shutil
 import sys
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Mapping
 
 from generators.core.errors import InputError
 
@@ -96,16 +97,23 @@ def owned_files(out_dir: Path, generator: str, banner: bytes, label: str) -> set
     own_manifest = manifest_name(generator)
     if own_manifest in existing:
         return _read_manifest(existing[own_manifest]) & set(existing)
-    manifests = {rel for rel in existing if posixpath.basename(rel).startswith(MANIFEST_PREFIX)
-                 and rel.endswith(MANIFEST_SUFFIX)}
-    listed = {posixpath.normpath(posixpath.join(posixpath.dirname(m), r))
-              for m in manifests for r in _read_manifest(existing[m])}
+    manifests = {
+        rel for rel in existing if posixpath.basename(rel).startswith(MANIFEST_PREFIX) and rel.endswith(MANIFEST_SUFFIX)
+    }
+    listed = {
+        posixpath.normpath(posixpath.join(posixpath.dirname(m), r))
+        for m in manifests
+        for r in _read_manifest(existing[m])
+    }
     for rel, path in existing.items():
         if rel in manifests or rel in listed or rel.endswith(LOCK_SUFFIX):
             continue  # a record or the lock of a generator's output nested in this one
         if not _starts_with(path, GENERATED_BANNER):
-            raise InputError(f"holds {rel}, which no generator wrote", key=f"--out {label}",
-                             fix="pass an empty or new directory, or the generator's own output directory")
+            raise InputError(
+                f"holds {rel}, which no generator wrote",
+                key=f"--out {label}",
+                fix="pass an empty or new directory, or the generator's own output directory",
+            )
     # Files another output's manifest lists belong to that output, even when this generator wrote them.
     return {rel for rel, path in existing.items() if rel not in listed and _starts_with(path, banner)}
 
@@ -113,17 +121,19 @@ def owned_files(out_dir: Path, generator: str, banner: bytes, label: str) -> set
 def check_target(out_dir: Path, repo_root: Path, label: str) -> None:
     """Refuse an output that is a file or holds the repository (before anything is written)."""
     if out_dir.exists() and not out_dir.is_dir():
-        raise InputError("is a file, not a directory", key=f"--out {label}",
-                         fix="pass a directory (or leave --out out)")
+        raise InputError(
+            "is a file, not a directory", key=f"--out {label}", fix="pass a directory (or leave --out out)"
+        )
     resolved, root = out_dir.resolve(), repo_root.resolve()
     if root == resolved or root.is_relative_to(resolved):
-        raise InputError(f"holds the repository {root}; writing there could delete files of the checkout",
-                         key=f"--out {label}", fix="pass a directory inside the repository (such as overlays/) "
-                                                   "or outside it")
+        raise InputError(
+            f"holds the repository {root}; writing there could delete files of the checkout",
+            key=f"--out {label}",
+            fix="pass a directory inside the repository (such as overlays/) or outside it",
+        )
 
 
-def compare(out_dir: Path, expected: Mapping[str, bytes], *, generator: str, banner: bytes,
-            label: str = "") -> Changes:
+def compare(out_dir: Path, expected: Mapping[str, bytes], *, generator: str, banner: bytes, label: str = "") -> Changes:
     """What `write` would change among the generated files (the manifest aside)."""
     changes = Changes()
     existing = _scan(out_dir)
@@ -243,8 +253,7 @@ def _build(tmp: Path, out_dir: Path, files: Mapping[str, bytes], drop: set[str])
             d.rmdir()
 
 
-def write(out_dir: Path, expected: Mapping[str, bytes], *, generator: str, banner: bytes,
-          label: str = "") -> Changes:
+def write(out_dir: Path, expected: Mapping[str, bytes], *, generator: str, banner: bytes, label: str = "") -> Changes:
     """Make out_dir hold `expected` (and the manifest) in one atomic step; returns what changed."""
     label = label or str(out_dir)
     out_dir = Path(os.path.realpath(out_dir))

@@ -10,13 +10,15 @@ Values of the rendered mapping: a dict is one YAML document; a list of dicts is 
 file (documents separated by ---); a JsonPatch is one YAML document holding a list of JSON-patch
 operations (kustomize `patches` entries).
 """
+
 from __future__ import annotations
 
 import json
 import posixpath
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -35,9 +37,14 @@ _plain_cache: dict[str, bool] = {}
 def _plain_ok(text: str) -> bool:
     ok = _plain_cache.get(text)
     if ok is None:
-        ok = (bool(_PLAIN.match(text)) and not text.endswith((":", " ")) and ": " not in text
-              and " #" not in text and text.lower() not in _NOT_PLAIN_WORDS
-              and _RESOLVER.resolve(yaml.ScalarNode, text, (True, False)) == "tag:yaml.org,2002:str")
+        ok = (
+            bool(_PLAIN.match(text))
+            and not text.endswith((":", " "))
+            and ": " not in text
+            and " #" not in text
+            and text.lower() not in _NOT_PLAIN_WORDS
+            and _RESOLVER.resolve(yaml.ScalarNode, text, (True, False)) == "tag:yaml.org,2002:str"
+        )
         _plain_cache[text] = ok
     return ok
 
@@ -94,7 +101,7 @@ def _emit(value: Any, indent: int, out: list[str]) -> None:
             if (kind is dict or kind is list) and item:
                 start = len(out)
                 _emit(item, indent + 2, out)
-                out[start] = pad + "- " + out[start][indent + 2:]
+                out[start] = pad + "- " + out[start][indent + 2 :]
             else:
                 _item(pad + "-", item, indent, indent + 2, out)
 
@@ -147,19 +154,19 @@ def banner_prefix(generator: str = GENERATOR) -> str:
 
 
 def banner(matrix_label: str, generator: str = GENERATOR) -> str:
-    return (f"{banner_prefix(generator)} from {matrix_label}. Do not edit by hand:\n"
-            f"# change {matrix_label} and run `python {generator} {matrix_label}`.\n")
+    return (
+        f"{banner_prefix(generator)} from {matrix_label}. Do not edit by hand:\n"
+        f"# change {matrix_label} and run `python {generator} {matrix_label}`.\n"
+    )
 
 
 def _check_path(path: str) -> None:
     norm = posixpath.normpath(path)
-    if (not path or path != norm or norm.startswith("../") or posixpath.isabs(norm)
-            or not norm.endswith(".yaml")):
+    if not path or path != norm or norm.startswith("../") or posixpath.isabs(norm) or not norm.endswith(".yaml"):
         raise ValueError(f"generated path {path!r} must be a normalised relative path of a .yaml file")
 
 
-def serialize(files: Mapping[str, Any], matrix_label: str,
-              generator: str = GENERATOR) -> dict[str, bytes]:
+def serialize(files: Mapping[str, Any], matrix_label: str, generator: str = GENERATOR) -> dict[str, bytes]:
     """{relative path: manifest} -> {relative path: file bytes}; sorted by path."""
     head = banner(matrix_label, generator)
     out: dict[str, bytes] = {}

@@ -10,6 +10,7 @@ the API server and the trainer's config loader):
   with the line it starts on (`Doc`), through libyaml when PyYAML has it (several times faster on
   build outputs). Raises yaml.YAMLError; `error_position` turns one into (line, one-line text).
 """
+
 from __future__ import annotations
 
 import os
@@ -21,7 +22,6 @@ import yaml
 
 from generators.core.errors import InputError
 from trainer.config import NoDuplicateKeys
-
 
 # Deeper than any matrix needs; far below Python's recursion limit.
 MAX_DEPTH = 32
@@ -75,18 +75,30 @@ class LineLoader(yaml.SafeLoader):
         try:
             event = self.peek_event()
             if len(self._path) > MAX_DEPTH:
-                raise InputError(f"nested deeper than {MAX_DEPTH} levels", file=self.file,
-                                 line=event.start_mark.line + 1, key=join_key(self._path[:MAX_DEPTH]) + "...",
-                                 fix="flatten the structure (a matrix needs a few levels)")
+                raise InputError(
+                    f"nested deeper than {MAX_DEPTH} levels",
+                    file=self.file,
+                    line=event.start_mark.line + 1,
+                    key=join_key(self._path[:MAX_DEPTH]) + "...",
+                    fix="flatten the structure (a matrix needs a few levels)",
+                )
             if isinstance(event, yaml.AliasEvent):
-                raise InputError(f"alias *{event.anchor} is not allowed", file=self.file,
-                                  line=event.start_mark.line + 1, key=self._where(),
-                                  fix="write the value out in full (anchors and aliases hide what a run gets)")
+                raise InputError(
+                    f"alias *{event.anchor} is not allowed",
+                    file=self.file,
+                    line=event.start_mark.line + 1,
+                    key=self._where(),
+                    fix="write the value out in full (anchors and aliases hide what a run gets)",
+                )
             anchor = getattr(event, "anchor", None)
             if anchor is not None:
-                raise InputError(f"anchor &{anchor} is not allowed", file=self.file,
-                                  line=event.start_mark.line + 1, key=self._where(),
-                                  fix="remove the anchor and write every value out in full")
+                raise InputError(
+                    f"anchor &{anchor} is not allowed",
+                    file=self.file,
+                    line=event.start_mark.line + 1,
+                    key=self._where(),
+                    fix="remove the anchor and write every value out in full",
+                )
             return super().compose_node(parent, index)
         finally:
             self._path.pop()
@@ -98,16 +110,30 @@ class LineLoader(yaml.SafeLoader):
         for key_node, value_node in node.value:
             line = key_node.start_mark.line + 1
             if key_node.tag == "tag:yaml.org,2002:merge":
-                raise InputError("merge key << is not allowed", file=self.file, line=line,
-                                  key=self._where(), fix="write the keys out in this mapping")
+                raise InputError(
+                    "merge key << is not allowed",
+                    file=self.file,
+                    line=line,
+                    key=self._where(),
+                    fix="write the keys out in this mapping",
+                )
             key = self.construct_object(key_node, deep=True)
             if not isinstance(key, str):
-                raise InputError(f"key {key!r} is a {type(key).__name__}, not a string", file=self.file,
-                                  line=line, key=self._where(), fix=f'quote the key: "{key_node.value}"')
+                raise InputError(
+                    f"key {key!r} is a {type(key).__name__}, not a string",
+                    file=self.file,
+                    line=line,
+                    key=self._where(),
+                    fix=f'quote the key: "{key_node.value}"',
+                )
             if key in out:
-                raise InputError(f"duplicate key (first at line {out.key_lines[key]})", file=self.file,
-                                  line=line, key=join_key([*self._path, key]),
-                                  fix="keep one of the two entries")
+                raise InputError(
+                    f"duplicate key (first at line {out.key_lines[key]})",
+                    file=self.file,
+                    line=line,
+                    key=join_key([*self._path, key]),
+                    fix="keep one of the two entries",
+                )
             self._path.append(key)
             try:
                 out[key] = self.construct_object(value_node, deep=True)
@@ -129,14 +155,17 @@ class LineLoader(yaml.SafeLoader):
             out.item_lines.append(child.start_mark.line + 1)
         return out
 
-
     def construct_clean_str(self, node: yaml.ScalarNode) -> str:
         value = self.construct_yaml_str(node)
         bad = next((c for c in value if (ord(c) < 32 and c not in "\t\n") or 0x7F <= ord(c) < 0xA0), None)
         if bad is not None:
-            raise InputError(f"the value holds the control character {bad!r}", file=self.file,
-                             line=node.start_mark.line + 1, key=join_key(self._path) or "(top level)",
-                             fix="remove it (write plain text)")
+            raise InputError(
+                f"the value holds the control character {bad!r}",
+                file=self.file,
+                line=node.start_mark.line + 1,
+                key=join_key(self._path) or "(top level)",
+                fix="remove it (write plain text)",
+            )
         return value
 
 
@@ -154,8 +183,12 @@ def load_yaml(text: str, file: str) -> Any:
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         problem = err.problem or err.context or "not valid YAML"
-        raise InputError(f"YAML syntax error: {problem}", file=file, line=mark.line + 1 if mark else 0,
-                         fix="correct the YAML at this line (indentation, quoting, a missing ':')") from None
+        raise InputError(
+            f"YAML syntax error: {problem}",
+            file=file,
+            line=mark.line + 1 if mark else 0,
+            fix="correct the YAML at this line (indentation, quoting, a missing ':')",
+        ) from None
     except yaml.YAMLError as err:
         position = getattr(err, "position", None)  # a ReaderError: a character YAML does not allow
         line = text.count("\n", 0, position) + 1 if isinstance(position, int) else 0
@@ -163,8 +196,12 @@ def load_yaml(text: str, file: str) -> Any:
     except (ValueError, TypeError, OverflowError, RecursionError) as err:
         # A value PyYAML cannot build (an impossible date, ...): still one line, never a traceback.
         mark = getattr(loader, "problem_mark", None) if loader is not None else None
-        raise InputError(f"cannot be read as YAML ({type(err).__name__}: {err})", file=file,
-                         line=mark.line + 1 if mark else 0, fix="correct or quote the value") from None
+        raise InputError(
+            f"cannot be read as YAML ({type(err).__name__}: {err})",
+            file=file,
+            line=mark.line + 1 if mark else 0,
+            fix="correct or quote the value",
+        ) from None
     finally:
         if loader is not None:
             loader.dispose()
@@ -186,8 +223,7 @@ def read_input(path: str, *, fix: str, max_bytes: int, key: str = "", label: str
     if not stat.S_ISREG(info.st_mode):
         raise InputError("is not a regular file (a device, a pipe or a socket)", **where)
     if info.st_size > max_bytes:
-        raise InputError(f"is {info.st_size:,} bytes, more than the {max_bytes:,} this input may have",
-                         **where)
+        raise InputError(f"is {info.st_size:,} bytes, more than the {max_bytes:,} this input may have", **where)
     try:
         with open(path, "rb") as fh:
             data = fh.read(max_bytes + 1)  # the file may have grown since stat

@@ -6,10 +6,12 @@ exclude entry equals its leaf as written; an exclude entry that matches nothing 
 include entry laid over `defaults` is one more run. Fields no entry sets take the defaults of the
 schema (generators/matrix/schema.py). The order is the matrix's, and deterministic.
 """
+
 from __future__ import annotations
 
 import itertools
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from generators.core.errors import InputError
 from generators.matrix.load import Leaf, Matrix
@@ -37,8 +39,13 @@ def expand(matrix: Matrix) -> list[Run]:
     for i, count in enumerate(matched):
         if count == 0:
             e = matrix.exclude[i]
-            raise InputError("matches no run of the axes product", file=matrix.file, line=e.line, key=e.key,
-                             fix="correct the values (they must equal the axes values exactly) or remove the entry")
+            raise InputError(
+                "matches no run of the axes product",
+                file=matrix.file,
+                line=e.line,
+                key=e.key,
+                fix="correct the values (they must equal the axes values exactly) or remove the entry",
+            )
     for entry in matrix.include:
         leaves = dict(base)
         leaves.update(entry.leaves)
@@ -58,8 +65,13 @@ def _run(matrix: Matrix, leaves: Mapping[str, Leaf], entry_key: str, entry_line:
         if leaf is not None:
             fields[name] = leaf.value
         elif spec.default is REQUIRED:
-            raise InputError("is required for every run", file=matrix.file, line=entry_line,
-                             key=f"{entry_key}.{name}", fix=f"set {name} in defaults, in an axis or in this entry")
+            raise InputError(
+                "is required for every run",
+                file=matrix.file,
+                line=entry_line,
+                key=f"{entry_key}.{name}",
+                fix=f"set {name} in defaults, in an axis or in this entry",
+            )
     trainer: dict[str, Any] = {}
     for path, leaf in leaves.items():
         if path.startswith("trainer."):

@@ -35,19 +35,32 @@ Values are checked where they are written: types and ranges of run fields and kn
 and instance type names at load; the trainer section's values by trainer.config.from_dict when the
 run is planned (generators/plan/), mapped back to the line that set them.
 """
+
 from __future__ import annotations
 
 import difflib
 import math
 import re
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from generators.core.errors import InputError
 from generators.core.yamlio import LineDict, LineList, load_yaml, read_input
-from generators.matrix.schema import (API_VERSION, CLUSTER_FIELDS, KIND, NAME_PREFIX_MAX, REPOSITORY_FIELDS,
-                                      RUN_FIELDS, TOP_LEVEL_KEYS, Cluster, GitSource, known_at, schema_at)
+from generators.matrix.schema import (
+    API_VERSION,
+    CLUSTER_FIELDS,
+    KIND,
+    NAME_PREFIX_MAX,
+    REPOSITORY_FIELDS,
+    RUN_FIELDS,
+    TOP_LEVEL_KEYS,
+    Cluster,
+    GitSource,
+    known_at,
+    schema_at,
+)
 from trainer.catalog import INSTANCE_TYPES, MODELS
 
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -57,7 +70,9 @@ _RESERVATION = re.compile(r"^cr-[0-9a-f]{8,17}$")
 _K8S_VERSION = re.compile(r"^1\.\d+$")
 _GIT_URL = re.compile(r"^(https://|ssh://)\S+$")
 # What `git check-ref-format --branch` refuses, so Flux never fails on the name later.
-_BAD_BRANCH = re.compile(r"(^[-/.])|(\.\.)|([\x00-\x20\x7f~^:?*\[\\])|(@\{)|(//)|(/\.)|([/.]$)|(\.lock$)|(\.lock/)|(^@$)")
+_BAD_BRANCH = re.compile(
+    r"(^[-/.])|(\.\.)|([\x00-\x20\x7f~^:?*\[\\])|(@\{)|(//)|(/\.)|([/.]$)|(\.lock$)|(\.lock/)|(^@$)"
+)
 # A matrix larger than this is not a matrix (and would take long to refuse later).
 MAX_MATRIX_BYTES = 4 * 1024 * 1024
 # The most runs one matrix may expand to: well above any real experiment grid, small enough that a
@@ -67,9 +82,21 @@ MAX_RUNS = 20_000
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 # Namespaces of Kubernetes, Flux and this repository's infrastructure (base/): runs never go there.
-SYSTEM_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease", "flux-system",
-                               "fsdp-system", "monitoring", "node-tools", "kubeflow", "kueue-system",
-                               "device-plugins"})
+SYSTEM_NAMESPACES = frozenset(
+    {
+        "default",
+        "kube-system",
+        "kube-public",
+        "kube-node-lease",
+        "flux-system",
+        "fsdp-system",
+        "monitoring",
+        "node-tools",
+        "kubeflow",
+        "kueue-system",
+        "device-plugins",
+    }
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -147,14 +174,24 @@ def _check_keys(file: str, data: LineDict, known: typing.Iterable[str], prefix: 
     known = tuple(known)
     for key in data:
         if key not in known:
-            raise _err(file, data.key_lines[key], f"{prefix}.{key}" if prefix else key, "unknown key",
-                       f"remove it or use a known key ({_suggest(key, known)})")
+            raise _err(
+                file,
+                data.key_lines[key],
+                f"{prefix}.{key}" if prefix else key,
+                "unknown key",
+                f"remove it or use a known key ({_suggest(key, known)})",
+            )
 
 
 def _mapping(file: str, value: Any, line: int, key: str, what: str) -> LineDict:
     if not isinstance(value, LineDict):
-        raise _err(file, line, key, f"must be a mapping ({what}), got {_describe(value)}",
-                   f"write {key} as 'key: value' lines indented under it")
+        raise _err(
+            file,
+            line,
+            key,
+            f"must be a mapping ({what}), got {_describe(value)}",
+            f"write {key} as 'key: value' lines indented under it",
+        )
     return value
 
 
@@ -189,8 +226,9 @@ def _fields(file: str, data: LineDict, schema: Mapping[str, tuple[Any, Any]], pr
     return out
 
 
-def _str_list(file: str, data: LineDict, name: str, prefix: str, pattern: re.Pattern[str] | None,
-              what: str, nonempty: bool) -> tuple[str, ...]:
+def _str_list(
+    file: str, data: LineDict, name: str, prefix: str, pattern: re.Pattern[str] | None, what: str, nonempty: bool
+) -> tuple[str, ...]:
     items = data.get(name, [])
     line = data.key_lines.get(name, data.line)
     if nonempty and not items:
@@ -213,65 +251,137 @@ def _parse_repository(file: str, data: Any, line: int) -> GitSource:
     data = _mapping(file, data, line, "repository", "url and branch of the Git repository Flux syncs")
     f = _fields(file, data, REPOSITORY_FIELDS, "repository")
     if not _GIT_URL.match(f["url"]):
-        raise _err(file, data.key_lines["url"], "repository.url", f"{f['url']!r} is not an https:// or ssh:// URL",
-                   "use the clone URL, e.g. https://github.com/example/fsdp-gitops")
+        raise _err(
+            file,
+            data.key_lines["url"],
+            "repository.url",
+            f"{f['url']!r} is not an https:// or ssh:// URL",
+            "use the clone URL, e.g. https://github.com/example/fsdp-gitops",
+        )
     if not f["branch"] or _BAD_BRANCH.search(f["branch"]):
-        raise _err(file, data.key_lines.get("branch", data.line), "repository.branch",
-                   f"{f['branch']!r} is not a valid Git branch name (git check-ref-format)",
-                   "name the branch Flux follows, e.g. main (no spaces, '..', '~^:?*[\\', '@{', leading '-')")
+        raise _err(
+            file,
+            data.key_lines.get("branch", data.line),
+            "repository.branch",
+            f"{f['branch']!r} is not a valid Git branch name (git check-ref-format)",
+            "name the branch Flux follows, e.g. main (no spaces, '..', '~^:?*[\\', '@{', leading '-')",
+        )
     return GitSource(url=f["url"], branch=f["branch"])
 
 
 def _parse_cluster(file: str, name: str, data: Any, line: int) -> Cluster:
     prefix = f"clusters.{name}"
     if not _DNS1123_LABEL.match(name) or len(name) > 30:
-        raise _err(file, line, prefix, f"cluster name {name!r} is not a DNS-1123 label of at most 30 characters",
-                   "use lowercase letters, digits and '-', e.g. fsdp-p5")
+        raise _err(
+            file,
+            line,
+            prefix,
+            f"cluster name {name!r} is not a DNS-1123 label of at most 30 characters",
+            "use lowercase letters, digits and '-', e.g. fsdp-p5",
+        )
     data = _mapping(file, data, line, prefix, "what the cluster offers")
     f = _fields(file, data, CLUSTER_FIELDS, prefix)
     if not _DNS1123_LABEL.match(f["namespace"]) or len(f["namespace"]) > 63:
-        raise _err(file, data.key_lines.get("namespace", data.line), f"{prefix}.namespace",
-                   f"{f['namespace']!r} is not a namespace name", "use a DNS-1123 label, e.g. fsdp")
+        raise _err(
+            file,
+            data.key_lines.get("namespace", data.line),
+            f"{prefix}.namespace",
+            f"{f['namespace']!r} is not a namespace name",
+            "use a DNS-1123 label, e.g. fsdp",
+        )
     if f["namespace"] in SYSTEM_NAMESPACES or f["namespace"].startswith("kube-"):
-        raise _err(file, data.key_lines.get("namespace", data.line), f"{prefix}.namespace",
-                   f"{f['namespace']!r} is a system namespace (Kubernetes, Flux or this repository's infrastructure)",
-                   "give the runs a namespace of their own, e.g. fsdp")
+        raise _err(
+            file,
+            data.key_lines.get("namespace", data.line),
+            f"{prefix}.namespace",
+            f"{f['namespace']!r} is a system namespace (Kubernetes, Flux or this repository's infrastructure)",
+            "give the runs a namespace of their own, e.g. fsdp",
+        )
     types = _str_list(file, data, "instance_types", prefix, None, "instance type", nonempty=True)
     for i, itype in enumerate(types):
         if itype not in INSTANCE_TYPES:
-            raise _err(file, data["instance_types"].item_lines[i], f"{prefix}.instance_types[{i}]",
-                       f"unknown instance type {itype!r}", f"use one of {', '.join(sorted(INSTANCE_TYPES))}")
+            raise _err(
+                file,
+                data["instance_types"].item_lines[i],
+                f"{prefix}.instance_types[{i}]",
+                f"unknown instance type {itype!r}",
+                f"use one of {', '.join(sorted(INSTANCE_TYPES))}",
+            )
     if not _REGION.match(f["region"]):
-        raise _err(file, data.key_lines["region"], f"{prefix}.region", f"{f['region']!r} is not an AWS region",
-                   "write a region such as us-west-2")
+        raise _err(
+            file,
+            data.key_lines["region"],
+            f"{prefix}.region",
+            f"{f['region']!r} is not an AWS region",
+            "write a region such as us-west-2",
+        )
     zones = _str_list(file, data, "availability_zones", prefix, None, "availability zone", nonempty=True)
     for i, zone in enumerate(zones):
         if not re.fullmatch(re.escape(f["region"]) + r"[a-z]", zone):
-            raise _err(file, data["availability_zones"].item_lines[i], f"{prefix}.availability_zones[{i}]",
-                       f"{zone!r} is not a zone of region {f['region']}", f"write a zone such as {f['region']}a")
-    reservations = _str_list(file, data, "capacity_reservation_ids", prefix, _RESERVATION,
-                             "capacity reservation id (cr- and 8 to 17 hex digits)", nonempty=False)
+            raise _err(
+                file,
+                data["availability_zones"].item_lines[i],
+                f"{prefix}.availability_zones[{i}]",
+                f"{zone!r} is not a zone of region {f['region']}",
+                f"write a zone such as {f['region']}a",
+            )
+    reservations = _str_list(
+        file,
+        data,
+        "capacity_reservation_ids",
+        prefix,
+        _RESERVATION,
+        "capacity reservation id (cr- and 8 to 17 hex digits)",
+        nonempty=False,
+    )
     if f["capacity_blocks"] and not reservations:
-        raise _err(file, data.key_lines["capacity_blocks"], f"{prefix}.capacity_blocks",
-                   "capacity_blocks is true but the cluster names no capacity reservation",
-                   "list the Capacity Block ids (cr-...) in capacity_reservation_ids, or remove capacity_blocks")
+        raise _err(
+            file,
+            data.key_lines["capacity_blocks"],
+            f"{prefix}.capacity_blocks",
+            "capacity_blocks is true but the cluster names no capacity reservation",
+            "list the Capacity Block ids (cr-...) in capacity_reservation_ids, or remove capacity_blocks",
+        )
     if not _K8S_VERSION.match(f["kubernetes_version"]):
-        raise _err(file, data.key_lines["kubernetes_version"], f"{prefix}.kubernetes_version",
-                   f"{f['kubernetes_version']!r} is not a Kubernetes minor version", 'write it quoted, e.g. "1.33"')
+        raise _err(
+            file,
+            data.key_lines["kubernetes_version"],
+            f"{prefix}.kubernetes_version",
+            f"{f['kubernetes_version']!r} is not a Kubernetes minor version",
+            'write it quoted, e.g. "1.33"',
+        )
     for field_name, least in (("volume_size_gib", 20), ("max_nodes", 1), ("shared_storage_gib", 1)):
         if f[field_name] < least:
-            raise _err(file, data.key_lines.get(field_name, data.line), f"{prefix}.{field_name}",
-                       f"{f[field_name]} is too small", f"set it to at least {least}")
+            raise _err(
+                file,
+                data.key_lines.get(field_name, data.line),
+                f"{prefix}.{field_name}",
+                f"{f[field_name]} is too small",
+                f"set it to at least {least}",
+            )
         if f[field_name] > INT32_MAX:
-            raise _err(file, data.key_lines.get(field_name, data.line), f"{prefix}.{field_name}",
-                       f"{f[field_name]} is more than eksctl and Kubernetes accept ({INT32_MAX})",
-                       "use a realistic size")
-    return Cluster(name=name, namespace=f["namespace"], instance_types=types, region=f["region"],
-                   availability_zones=zones, capacity_reservation_ids=reservations,
-                   volume_size_gib=f["volume_size_gib"], kubernetes_version=f["kubernetes_version"],
-                   max_nodes=f["max_nodes"], shared_storage_gib=f["shared_storage_gib"],
-                   kueue=f["kueue"], capacity_blocks=f["capacity_blocks"],
-                   lines={"name": line, **data.key_lines})
+            raise _err(
+                file,
+                data.key_lines.get(field_name, data.line),
+                f"{prefix}.{field_name}",
+                f"{f[field_name]} is more than eksctl and Kubernetes accept ({INT32_MAX})",
+                "use a realistic size",
+            )
+    return Cluster(
+        name=name,
+        namespace=f["namespace"],
+        instance_types=types,
+        region=f["region"],
+        availability_zones=zones,
+        capacity_reservation_ids=reservations,
+        volume_size_gib=f["volume_size_gib"],
+        kubernetes_version=f["kubernetes_version"],
+        max_nodes=f["max_nodes"],
+        shared_storage_gib=f["shared_storage_gib"],
+        kueue=f["kueue"],
+        capacity_blocks=f["capacity_blocks"],
+        lines={"name": line, **data.key_lines},
+    )
 
 
 class _Flattener:
@@ -300,20 +410,35 @@ class _Flattener:
                 except KeyError as missing:
                     known = known_at(path)
                     bad = str(missing).strip("'")
-                    raise _err(self.file, sub_line, sub_key, f"unknown key {bad!r}",
-                               f"use a known key ({_suggest(bad, known)})") from None
+                    raise _err(
+                        self.file,
+                        sub_line,
+                        sub_key,
+                        f"unknown key {bad!r}",
+                        f"use a known key ({_suggest(bad, known)})",
+                    ) from None
                 self._walk(sub_value, sub_line, sub_key, sub_path, leaves)
             return
         if path in leaves:
-            raise _err(self.file, line, key, f"{path} is set twice in this entry (first at line {leaves[path].line})",
-                       "set it once, either nested or as a dotted key")
+            raise _err(
+                self.file,
+                line,
+                key,
+                f"{path} is set twice in this entry (first at line {leaves[path].line})",
+                "set it once, either nested or as a dotted key",
+            )
         leaves[path] = Leaf(self.value(path, value, line, key), line, key)
 
     def value(self, path: str, value: Any, line: int, key: str) -> Any:
         """Check a leaf value: run fields fully here, trainer values later by from_dict."""
         if isinstance(value, (Mapping, list)):
-            raise _err(self.file, line, key, f"got {_describe(value)}; must be a single value",
-                       "give one value (use `axes` to vary it)")
+            raise _err(
+                self.file,
+                line,
+                key,
+                f"got {_describe(value)}; must be a single value",
+                "give one value (use `axes` to vary it)",
+            )
         if path.startswith("trainer."):
             if isinstance(value, float) and not math.isfinite(value):
                 raise _err(self.file, line, key, f"{value} is not a finite number", "give a finite number")
@@ -329,46 +454,80 @@ class _Flattener:
             raise _err(self.file, line, key, f"got {_describe(value)}; must be {_type_word(tp)}", fix)
         if spec.choices and value not in spec.choices:
             what = "rendezvous backend" if path == "rdzv_backend" else path
-            raise _err(self.file, line, key, f"unknown {what} {value!r}",
-                       f"use {' or '.join(map(str, spec.choices))}")
+            raise _err(self.file, line, key, f"unknown {what} {value!r}", f"use {' or '.join(map(str, spec.choices))}")
         if path == "cluster" and value not in self.clusters:
-            raise _err(self.file, line, key, f"unknown cluster {value!r}",
-                       f"use one of the clusters defined under clusters: {', '.join(sorted(self.clusters)) or '(none)'}")
+            raise _err(
+                self.file,
+                line,
+                key,
+                f"unknown cluster {value!r}",
+                f"use one of the clusters defined under clusters: {', '.join(sorted(self.clusters)) or '(none)'}",
+            )
         if path == "model" and value not in MODELS:
             raise _err(self.file, line, key, f"unknown model {value!r}", f"use one of {', '.join(sorted(MODELS))}")
         if path == "instance_type" and value not in INSTANCE_TYPES:
-            raise _err(self.file, line, key, f"unknown instance type {value!r}",
-                       f"use one of {', '.join(sorted(INSTANCE_TYPES))}")
+            raise _err(
+                self.file,
+                line,
+                key,
+                f"unknown instance type {value!r}",
+                f"use one of {', '.join(sorted(INSTANCE_TYPES))}",
+            )
         least = spec.minimum
         if least is not None and value < least:
             raise _err(self.file, line, key, f"{value} is below {least}", f"set {path} to {least} or more")
         most = spec.maximum if spec.maximum is not None else INT32_MAX
         if tp is int and value > most:
-            raise _err(self.file, line, key, f"{value} is more than the cluster accepts ({most})",
-                       f"set {path} to at most {most}")
+            raise _err(
+                self.file,
+                line,
+                key,
+                f"{value} is more than the cluster accepts ({most})",
+                f"set {path} to at most {most}",
+            )
         if path == "name" and (not _DNS1035_LABEL.match(value) or len(value) > NAME_PREFIX_MAX):
-            raise _err(self.file, line, key, f"{value!r} is not a DNS-1035 label of at most {NAME_PREFIX_MAX} characters",
-                       "use lowercase letters, digits and '-', starting with a letter")
+            raise _err(
+                self.file,
+                line,
+                key,
+                f"{value!r} is not a DNS-1035 label of at most {NAME_PREFIX_MAX} characters",
+                "use lowercase letters, digits and '-', starting with a letter",
+            )
         return value
 
 
 def parse(data: Any, file: str) -> Matrix:
     """Validate the loaded YAML and build the Matrix (first error wins)."""
     if data is None:
-        raise _err(file, 1, "(top level)", "the file is empty",
-                   f"start with 'apiVersion: {API_VERSION}' and 'kind: {KIND}' (see README.md)")
+        raise _err(
+            file,
+            1,
+            "(top level)",
+            "the file is empty",
+            f"start with 'apiVersion: {API_VERSION}' and 'kind: {KIND}' (see README.md)",
+        )
     if not isinstance(data, LineDict):
-        raise _err(file, 1, "(top level)", f"the top level is {_describe(data)}, not a mapping",
-                   "write the sections apiVersion, kind, repository, clusters, defaults, axes, include, exclude")
+        raise _err(
+            file,
+            1,
+            "(top level)",
+            f"the top level is {_describe(data)}, not a mapping",
+            "write the sections apiVersion, kind, repository, clusters, defaults, axes, include, exclude",
+        )
     _check_keys(file, data, TOP_LEVEL_KEYS, "")
     lines = data.key_lines
     if data.get("apiVersion") != API_VERSION:
-        raise _err(file, lines.get("apiVersion", data.line), "apiVersion",
-                   f"got {_describe(data.get('apiVersion'))}; this generator reads {API_VERSION}",
-                   f"set apiVersion: {API_VERSION}")
+        raise _err(
+            file,
+            lines.get("apiVersion", data.line),
+            "apiVersion",
+            f"got {_describe(data.get('apiVersion'))}; this generator reads {API_VERSION}",
+            f"set apiVersion: {API_VERSION}",
+        )
     if data.get("kind") != KIND:
-        raise _err(file, lines.get("kind", data.line), "kind", f"got {_describe(data.get('kind'))}",
-                   f"set kind: {KIND}")
+        raise _err(
+            file, lines.get("kind", data.line), "kind", f"got {_describe(data.get('kind'))}", f"set kind: {KIND}"
+        )
     for required in ("repository", "clusters"):
         if required not in data:
             raise _err(file, data.line, required, "is required", f"add a {required} section (see README.md)")
@@ -377,8 +536,9 @@ def parse(data: Any, file: str) -> Matrix:
     raw_clusters = _mapping(file, data["clusters"], lines["clusters"], "clusters", "cluster name -> settings")
     if not raw_clusters:
         raise _err(file, lines["clusters"], "clusters", "no cluster defined", "define at least one cluster")
-    clusters = {name: _parse_cluster(file, name, value, raw_clusters.key_lines[name])
-                for name, value in raw_clusters.items()}
+    clusters = {
+        name: _parse_cluster(file, name, value, raw_clusters.key_lines[name]) for name, value in raw_clusters.items()
+    }
 
     flat = _Flattener(file, clusters)
     defaults = flat.entry(data.get("defaults", _empty(data.line)), lines.get("defaults", data.line), "defaults")
@@ -394,11 +554,21 @@ def parse(data: Any, file: str) -> Matrix:
             except KeyError as missing:
                 parent = path.rpartition(".")[0]
                 known = known_at(parent) if _schema_ok(parent) else known_at("")
-                raise _err(file, aline, akey, f"unknown key {str(missing)}",
-                           f"use a run field or dotted trainer key ({_suggest(path.rpartition('.')[2], known)})") from None
+                raise _err(
+                    file,
+                    aline,
+                    akey,
+                    f"unknown key {str(missing)}",
+                    f"use a run field or dotted trainer key ({_suggest(path.rpartition('.')[2], known)})",
+                ) from None
             if not isinstance(values, LineList) or not values:
-                raise _err(file, aline, akey, f"got {_describe(values)}; an axis is a non-empty list of values",
-                           f"write {path}: [value1, value2, ...]")
+                raise _err(
+                    file,
+                    aline,
+                    akey,
+                    f"got {_describe(values)}; an axis is a non-empty list of values",
+                    f"write {path}: [value1, value2, ...]",
+                )
             entries = tuple(flat.entry(v, values.item_lines[i], f"{akey}[{i}]", path) for i, v in enumerate(values))
             seen: dict[Any, int] = {}
             for i, e in enumerate(entries):
@@ -411,17 +581,29 @@ def parse(data: Any, file: str) -> Matrix:
     include = _entries(file, data, "include", flat)
     product = math.prod(len(axis.values) for axis in axes) if axes else 0
     if product + len(include) > MAX_RUNS:
-        raise _err(file, lines.get("axes", data.line), "axes",
-                   f"the matrix would expand to {product + len(include):,} runs, more than the cap of {MAX_RUNS:,}",
-                   "split it into several matrices or use fewer values per axis (exclude applies after the product)")
+        raise _err(
+            file,
+            lines.get("axes", data.line),
+            "axes",
+            f"the matrix would expand to {product + len(include):,} runs, more than the cap of {MAX_RUNS:,}",
+            "split it into several matrices or use fewer values per axis (exclude applies after the product)",
+        )
     exclude = _entries(file, data, "exclude", flat)
     for e in exclude:
         if not e.leaves:
             raise _err(file, e.line, e.key, "an empty exclude entry would remove every run", "name the keys to match")
     if not axes and not include:
         raise _err(file, data.line, "axes", "the matrix defines no runs", "add axes or include entries")
-    return Matrix(file=file, repository=repository, clusters=clusters, defaults=defaults, axes=tuple(axes),
-                  include=include, exclude=exclude, axes_line=lines.get("axes", 0))
+    return Matrix(
+        file=file,
+        repository=repository,
+        clusters=clusters,
+        defaults=defaults,
+        axes=tuple(axes),
+        include=include,
+        exclude=exclude,
+        axes_line=lines.get("axes", 0),
+    )
 
 
 def _schema_ok(path: str) -> bool:
@@ -445,8 +627,13 @@ def _entries(file: str, data: LineDict, section: str, flat: _Flattener) -> tuple
     items = data[section]
     line = data.key_lines[section]
     if not isinstance(items, LineList):
-        raise _err(file, line, section, f"got {_describe(items)}; must be a list of run mappings",
-                   f"write each {section} entry as '- key: value'")
+        raise _err(
+            file,
+            line,
+            section,
+            f"got {_describe(items)}; must be a list of run mappings",
+            f"write each {section} entry as '- key: value'",
+        )
     return tuple(flat.entry(item, items.item_lines[i], f"{section}[{i}]") for i, item in enumerate(items))
 
 
@@ -458,6 +645,10 @@ def _signature(leaves: Mapping[str, Leaf]) -> tuple:
 def load(path: str, text: str | None = None) -> Matrix:
     """Read, strictly parse and validate a matrix file. `path` is used as given in messages."""
     if text is None:
-        text = read_input(path, key="MATRIX", fix="pass the path of an existing matrix file, e.g. matrix.yaml",
-                          max_bytes=MAX_MATRIX_BYTES)
+        text = read_input(
+            path,
+            key="MATRIX",
+            fix="pass the path of an existing matrix file, e.g. matrix.yaml",
+            max_bytes=MAX_MATRIX_BYTES,
+        )
     return parse(load_yaml(text, path), path)

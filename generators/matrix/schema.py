@@ -10,13 +10,15 @@ trainer.config.TrainConfig (`trainer_schema`).
 
 Every object is a frozen, keyword-only dataclass without I/O.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from trainer.config import TrainConfig
 
@@ -178,8 +180,10 @@ def trainer_schema() -> dict[str, Any]:
 
     def tree(cls: type) -> dict[str, Any]:
         hints = typing.get_type_hints(cls)
-        return {f.name: tree(hints[f.name]) if dataclasses.is_dataclass(hints[f.name]) else None
-                for f in dataclasses.fields(cls)}
+        return {
+            f.name: tree(hints[f.name]) if dataclasses.is_dataclass(hints[f.name]) else None
+            for f in dataclasses.fields(cls)
+        }
 
     return tree(TrainConfig)
 

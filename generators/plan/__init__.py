@@ -40,15 +40,16 @@ rejected (Llama 2 70B on one or two nodes at batch size 3). The estimate is held
 peaks by tests/test_plan_model.py; the headroom covers what it does not count (the allocator's cache,
 the CUDA context, NCCL's buffers).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
 import re
-from typing import Any, Sequence
-
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from generators.core.errors import InputError
 from generators.matrix.load import Matrix
@@ -142,9 +143,15 @@ def plan(matrix: Matrix, runs: Sequence[Run]) -> list[ClusterPlan]:
     """Plan every run (raise InputError on the first bad one) and group the plans by cluster, in the
     order of the matrix's `clusters`."""
     plans = plan_runs(matrix, runs)
-    return [ClusterPlan(matrix_file=matrix.file, cluster=c, source=matrix.repository,
-                        runs=tuple(p for p in plans if p.cluster == name))
-            for name, c in matrix.clusters.items()]
+    return [
+        ClusterPlan(
+            matrix_file=matrix.file,
+            cluster=c,
+            source=matrix.repository,
+            runs=tuple(p for p in plans if p.cluster == name),
+        )
+        for name, c in matrix.clusters.items()
+    ]
 
 
 def plan_runs(matrix: Matrix, runs: Sequence[Run], *, reject_unfit: bool = True) -> list[Plan]:
@@ -169,8 +176,11 @@ def plan_runs(matrix: Matrix, runs: Sequence[Run], *, reject_unfit: bool = True)
                     first = runs[ix[0]]
                     raise InputError(
                         f"run {plans[j].name} has the same configuration as {first.entry_key} (line {first.entry_line})",
-                        file=matrix.file, line=runs[j].entry_line, key=runs[j].entry_key,
-                        fix="remove the duplicate; to run a configuration again on purpose, bump rev")
+                        file=matrix.file,
+                        line=runs[j].entry_line,
+                        key=runs[j].entry_key,
+                        fix="remove the duplicate; to run a configuration again on purpose, bump rev",
+                    )
             for j in ix:
                 lengths[j] += 2
                 plans[j] = plan_run(matrix, runs[j], cache, reject_unfit=reject_unfit, hash_len=lengths[j])
@@ -208,8 +218,9 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
 
 
-def readable_name(run: Run, family: str, gpus_per_node: int, num_gpus: int, sharding: str,
-                  hash_len: int | None = None) -> str:
+def readable_name(
+    run: Run, family: str, gpus_per_node: int, num_gpus: int, sharding: str, hash_len: int | None = None
+) -> str:
     """The human part of the name (the run's `name` field when set), at most 43 characters."""
     if run.name:
         text = run.name
@@ -234,15 +245,21 @@ def readable_name(run: Run, family: str, gpus_per_node: int, num_gpus: int, shar
 
 def config_hash(payload: dict[str, Any], length: int | None = None) -> str:
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(blob.encode("ascii")).hexdigest()[:length or HASH_LEN]
+    return hashlib.sha256(blob.encode("ascii")).hexdigest()[: length or HASH_LEN]
 
 
 def _trainer_fix(key: str) -> str:
     return f"correct trainer.{key} (the trainer's keys and values are defined in trainer/config.py)"
 
 
-def plan_run(matrix: Matrix, run: Run, cache: dict[str, TrainConfig] | None = None, *,
-             reject_unfit: bool = True, hash_len: int | None = None) -> Plan:
+def plan_run(
+    matrix: Matrix,
+    run: Run,
+    cache: dict[str, TrainConfig] | None = None,
+    *,
+    reject_unfit: bool = True,
+    hash_len: int | None = None,
+) -> Plan:
     """Resolve one run (see the module docstring for the order of checks). `hash_len`: hex digits of
     the configuration hash in the name (plan_runs lengthens it where two names would collide)."""
     cluster = matrix.clusters[run.cluster]
@@ -250,28 +267,46 @@ def plan_run(matrix: Matrix, run: Run, cache: dict[str, TrainConfig] | None = No
     instance_name = run.instance_type
     if not instance_name:
         if len(cluster.instance_types) != 1:
-            raise _fail(matrix, run, "instance_type",
-                        f"cluster {cluster.name} offers {len(cluster.instance_types)} instance types",
-                        f"set instance_type to one of {', '.join(cluster.instance_types)}")
+            raise _fail(
+                matrix,
+                run,
+                "instance_type",
+                f"cluster {cluster.name} offers {len(cluster.instance_types)} instance types",
+                f"set instance_type to one of {', '.join(cluster.instance_types)}",
+            )
         instance_name = cluster.instance_types[0]
     elif instance_name not in cluster.instance_types:
-        raise _fail(matrix, run, "instance_type", f"cluster {cluster.name} does not offer {instance_name}",
-                    f"use one of {', '.join(cluster.instance_types)} or add it to clusters.{cluster.name}.instance_types")
+        raise _fail(
+            matrix,
+            run,
+            "instance_type",
+            f"cluster {cluster.name} does not offer {instance_name}",
+            f"use one of {', '.join(cluster.instance_types)} or add it to clusters.{cluster.name}.instance_types",
+        )
     instance = INSTANCE_TYPES[instance_name]
 
     gpus = run.gpus_per_node or instance.num_gpus
     if gpus > instance.num_gpus:
-        raise _fail(matrix, run, "gpus_per_node", f"{gpus} GPUs per node, but {instance_name} has {instance.num_gpus}",
-                    f"use 1 to {instance.num_gpus}, or leave gpus_per_node out to use every GPU")
+        raise _fail(
+            matrix,
+            run,
+            "gpus_per_node",
+            f"{gpus} GPUs per node, but {instance_name} has {instance.num_gpus}",
+            f"use 1 to {instance.num_gpus}, or leave gpus_per_node out to use every GPU",
+        )
     if run.nodes > cluster.max_nodes:
-        raise _fail(matrix, run, "nodes", f"{run.nodes} nodes, but cluster {cluster.name} scales to {cluster.max_nodes}",
-                    f"use at most {cluster.max_nodes} nodes or raise clusters.{cluster.name}.max_nodes")
+        raise _fail(
+            matrix,
+            run,
+            "nodes",
+            f"{run.nodes} nodes, but cluster {cluster.name} scales to {cluster.max_nodes}",
+            f"use at most {cluster.max_nodes} nodes or raise clusters.{cluster.name}.max_nodes",
+        )
     world = run.nodes * gpus
 
     for key, why in GENERATED_TRAINER_KEYS.items():
         if f"trainer.{key}" in run.sources:
-            raise _fail(matrix, run, f"trainer.{key}", "is set by the generator, not the matrix",
-                        f"remove it ({why})")
+            raise _fail(matrix, run, f"trainer.{key}", "is set by the generator, not the matrix", f"remove it ({why})")
     arch = MODELS[run.model]
     trainer_data = dict(run.trainer)
     model_section = dict(trainer_data.get("model", {}))
@@ -286,42 +321,74 @@ def plan_run(matrix: Matrix, run: Run, cache: dict[str, TrainConfig] | None = No
         try:
             cfg = from_dict(trainer_data)
         except ConfigError as err:
-            raise _fail(matrix, run, f"trainer.{err.key}" if err.key else "trainer", err.message,
-                        _trainer_fix(err.key)) from None
+            raise _fail(
+                matrix, run, f"trainer.{err.key}" if err.key else "trainer", err.message, _trainer_fix(err.key)
+            ) from None
         if cache is not None:
             cache[cache_key] = cfg
 
     if cfg.metrics.prometheus_port == C10D_PORT:
-        raise _fail(matrix, run, "trainer.metrics.prometheus_port",
-                    f"port {C10D_PORT} is the c10d rendezvous port of every run pod",
-                    "use another port for the metrics, e.g. 8000")
+        raise _fail(
+            matrix,
+            run,
+            "trainer.metrics.prometheus_port",
+            f"port {C10D_PORT} is the c10d rendezvous port of every run pod",
+            "use another port for the metrics, e.g. 8000",
+        )
     par = cfg.parallelism
     try:
         shard_size = check_topology(par, world, gpus)
     except ConfigError as err:
-        raise _fail(matrix, run, f"trainer.{err.key}", err.message,
-                    f"use a shard_group_size that divides {world} (nodes x GPUs per node), or 0 for one node") from None
+        raise _fail(
+            matrix,
+            run,
+            f"trainer.{err.key}",
+            err.message,
+            f"use a shard_group_size that divides {world} (nodes x GPUs per node), or 0 for one node",
+        ) from None
 
     family = instance.family
     readable = readable_name(run, family, gpus, instance.num_gpus, par.sharding_strategy, hash_len)
     cfg = resolve_auto(arch, cfg, shard_size, instance.gpu_memory_gib)
     est = estimate_peak_gib(arch, cfg, shard_size)
     if reject_unfit and not fits(est, instance.gpu_memory_gib):
-        raise _fail(matrix, run, "nodes",
-                    f"{run.model} needs about {est:.0f} GiB per GPU with {par.sharding_strategy} over "
-                    f"{shard_size} GPUs, but {instance_name} GPUs have {usable_text(instance.gpu_memory_gib)}",
-                    f"use more nodes, a larger-memory instance or a smaller batch, or exclude "
-                    f"{{model: {run.model}, nodes: {run.nodes}}}", readable)
+        raise _fail(
+            matrix,
+            run,
+            "nodes",
+            f"{run.model} needs about {est:.0f} GiB per GPU with {par.sharding_strategy} over "
+            f"{shard_size} GPUs, but {instance_name} GPUs have {usable_text(instance.gpu_memory_gib)}",
+            f"use more nodes, a larger-memory instance or a smaller batch, or exclude "
+            f"{{model: {run.model}, nodes: {run.nodes}}}",
+            readable,
+        )
     shm_cap = instance.host_memory_gib * gpus // instance.num_gpus // 2
     if run.shm_size_gib > shm_cap:
-        raise _fail(matrix, run, "shm_size_gib",
-                    f"{run.shm_size_gib} GiB of /dev/shm is more than half the host memory of the GPUs' share "
-                    f"of {instance_name}", f"use at most {shm_cap}", readable)
+        raise _fail(
+            matrix,
+            run,
+            "shm_size_gib",
+            f"{run.shm_size_gib} GiB of /dev/shm is more than half the host memory of the GPUs' share "
+            f"of {instance_name}",
+            f"use at most {shm_cap}",
+            readable,
+        )
 
     def run_name(r: Run, text: str) -> str:
         # Every run field (as resolved) and the resolved trainer config: a new run field joins the hash.
-        return text + "-" + config_hash({**{f: getattr(r, f) for f in RUN_FIELDS}, "instance_type": instance_name,
-                                             "gpus_per_node": gpus, "trainer": to_dict(cfg)}, hash_len)
+        return (
+            text
+            + "-"
+            + config_hash(
+                {
+                    **{f: getattr(r, f) for f in RUN_FIELDS},
+                    "instance_type": instance_name,
+                    "gpus_per_node": gpus,
+                    "trainer": to_dict(cfg),
+                },
+                hash_len,
+            )
+        )
 
     name = run_name(run, readable)
     # A retry is the same run started again: a new job name, the checkpoint directory of retry 0.
@@ -334,12 +401,28 @@ def plan_run(matrix: Matrix, run: Run, cache: dict[str, TrainConfig] | None = No
     )
     endpoint = f"{name}-worker-0:{C10D_PORT}" if run.rdzv_backend == "c10d" else ETCD_ENDPOINT
     return Plan(
-        name=name, cluster=cluster.name, namespace=cluster.namespace, model=run.model, hf_id=arch.hf_id,
-        instance_type=instance_name, gpu_model=instance.gpu_model, gpu_memory_gib=instance.gpu_memory_gib,
-        nodes=run.nodes, gpus_per_node=gpus, world_size=world, efa_per_node=efa_for(instance, gpus),
-        efa_rdma=instance.efa_rdma and instance.num_efa > 0, sharding=par.sharding_strategy,
-        shard_group_size=shard_size, overlay_dir=f"runs/{cluster.name}/{name}", rdzv_backend=run.rdzv_backend,
-        rdzv_endpoint=endpoint, rdzv_id=name, active_deadline_s=run.active_deadline_s,
-        shm_size_gib=run.shm_size_gib, est_gpu_memory_gib=round(est, 1),
-        trainer=cfg, run=run,
+        name=name,
+        cluster=cluster.name,
+        namespace=cluster.namespace,
+        model=run.model,
+        hf_id=arch.hf_id,
+        instance_type=instance_name,
+        gpu_model=instance.gpu_model,
+        gpu_memory_gib=instance.gpu_memory_gib,
+        nodes=run.nodes,
+        gpus_per_node=gpus,
+        world_size=world,
+        efa_per_node=efa_for(instance, gpus),
+        efa_rdma=instance.efa_rdma and instance.num_efa > 0,
+        sharding=par.sharding_strategy,
+        shard_group_size=shard_size,
+        overlay_dir=f"runs/{cluster.name}/{name}",
+        rdzv_backend=run.rdzv_backend,
+        rdzv_endpoint=endpoint,
+        rdzv_id=name,
+        active_deadline_s=run.active_deadline_s,
+        shm_size_gib=run.shm_size_gib,
+        est_gpu_memory_gib=round(est, 1),
+        trainer=cfg,
+        run=run,
     )

@@ -8,6 +8,7 @@ another hash is changed, and the keys that differ are listed; the rest are added
 matrix that does not exist at REF counts as no runs (a pull request that adds it). An unknown REF or
 a path outside a git repository is bad input (--base).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,8 +23,7 @@ from generators.core.markdown import table
 from generators.matrix import Matrix, Run, expand, load
 from generators.plan import plan_runs
 from generators.plan.cost import load_prices
-from generators.plan.estimate import (PLAN_HEADER, MatrixEstimate, RunEstimate, estimate_matrix, plan_markdown,
-                                      plan_rows)
+from generators.plan.estimate import PLAN_HEADER, MatrixEstimate, RunEstimate, estimate_matrix, plan_markdown, plan_rows
 
 BASE_FIX = "pass a commit, branch or tag of this repository (e.g. origin/main; in CI fetch it first)"
 
@@ -80,11 +80,19 @@ def _differences(a: dict[str, Any], b: dict[str, Any]) -> tuple[str, ...]:
 def diff(base: str, old: MatrixEstimate | None, new: MatrixEstimate) -> PlanDiff:
     before = {identity(r): r for r in (old.runs if old else ())}
     after = {identity(r): r for r in new.runs}
-    changed = tuple(Change(old=before[k], new=r, differences=_differences(before[k].settings, r.settings))
-                    for k, r in after.items() if k in before and before[k].name != r.name)
-    return PlanDiff(base=base, old=old, new=new,
-                    added=tuple(r for k, r in after.items() if k not in before),
-                    removed=tuple(r for k, r in before.items() if k not in after), changed=changed)
+    changed = tuple(
+        Change(old=before[k], new=r, differences=_differences(before[k].settings, r.settings))
+        for k, r in after.items()
+        if k in before and before[k].name != r.name
+    )
+    return PlanDiff(
+        base=base,
+        old=old,
+        new=new,
+        added=tuple(r for k, r in after.items() if k not in before),
+        removed=tuple(r for k, r in before.items() if k not in after),
+        changed=changed,
+    )
 
 
 def _sum(runs: tuple[RunEstimate, ...]) -> tuple[int, float, float]:
@@ -96,13 +104,22 @@ def _sum(runs: tuple[RunEstimate, ...]) -> tuple[int, float, float]:
 def diff_markdown(d: PlanDiff) -> str:
     n0, g0, c0 = _sum(d.old.runs) if d.old else (0, 0.0, 0.0)
     n1, g1, c1 = _sum(d.new.runs)
-    lines = [f"### Plan difference against {d.base}", "",
-             table(("", "runs", "GPU-hours", "cost, USD"), [
-                 [f"{d.base}" + ("" if d.old else " (no matrix there)"), str(n0), f"{g0:,.1f}", f"{c0:,.2f}"],
-                 ["this change", str(n1), f"{g1:,.1f}", f"{c1:,.2f}"],
-                 ["difference", f"{n1 - n0:+d}", f"{g1 - g0:+,.1f}", f"{c1 - c0:+,.2f}"]]), ""]
-    lines.append(f"Added: {len(d.added)}, removed: {len(d.removed)}, changed: {len(d.changed)} "
-                 "(refused runs count in no total).")
+    lines = [
+        f"### Plan difference against {d.base}",
+        "",
+        table(
+            ("", "runs", "GPU-hours", "cost, USD"),
+            [
+                [f"{d.base}" + ("" if d.old else " (no matrix there)"), str(n0), f"{g0:,.1f}", f"{c0:,.2f}"],
+                ["this change", str(n1), f"{g1:,.1f}", f"{c1:,.2f}"],
+                ["difference", f"{n1 - n0:+d}", f"{g1 - g0:+,.1f}", f"{c1 - c0:+,.2f}"],
+            ],
+        ),
+        "",
+    ]
+    lines.append(
+        f"Added: {len(d.added)}, removed: {len(d.removed)}, changed: {len(d.changed)} (refused runs count in no total)."
+    )
     if d.added:
         lines += ["", "Added:", "", table(PLAN_HEADER, plan_rows(d.added))]
     if d.removed:
@@ -111,18 +128,26 @@ def diff_markdown(d: PlanDiff) -> str:
         lines += ["", "Changed:"]
         for c in d.changed:
             lines.append(f"- {c.old.name} -> {c.new.name}: " + "; ".join(c.differences))
-    lines += ["", "<details><summary>The whole plan of this change</summary>", "", plan_markdown(d.new).rstrip(),
-              "", "</details>"]
+    lines += [
+        "",
+        "<details><summary>The whole plan of this change</summary>",
+        "",
+        plan_markdown(d.new).rstrip(),
+        "",
+        "</details>",
+    ]
     return "\n".join(lines) + "\n"
 
 
-def plan_output(matrix_file: str, label: str, matrix: Matrix, runs: list[Run], base: str | None,
-                prices_file: str | None) -> tuple[str, int]:
+def plan_output(
+    matrix_file: str, label: str, matrix: Matrix, runs: list[Run], base: str | None, prices_file: str | None
+) -> tuple[str, int]:
     """(the Markdown `expand.py --plan [--base REF]` prints, how many runs are refused); `label` names
     the matrix in the title (the banners' name for it: the same text from any directory)."""
     prices = load_prices(prices_file, prices_file)
-    new = dataclasses.replace(estimate_matrix(matrix, plan_runs(matrix, runs, reject_unfit=False), prices),
-                              matrix_file=label)
+    new = dataclasses.replace(
+        estimate_matrix(matrix, plan_runs(matrix, runs, reject_unfit=False), prices), matrix_file=label
+    )
     if base is None:
         return plan_markdown(new), len(new.refused)
     label, text = matrix_at(base, matrix_file)

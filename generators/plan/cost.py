@@ -6,6 +6,7 @@ instance type the catalog does not know, a region that is not a region name, a p
 positive number (or null: no On-Demand offering), a date that is not YYYY-MM-DD, and two rows for
 one instance type and region are bad input naming the table's file, line and key.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -48,8 +49,13 @@ def _row(file: str, data: Any, line: int, key: str) -> Price:
         raise InputError("must be a mapping", file=file, line=line, key=key, fix=TABLE_FIX)
     for name in data:
         if name not in ROW_KEYS:
-            raise InputError(f"unknown key {name!r}", file=file, line=data.key_lines[name], key=f"{key}.{name}",
-                             fix=f"use only {', '.join(ROW_KEYS)}")
+            raise InputError(
+                f"unknown key {name!r}",
+                file=file,
+                line=data.key_lines[name],
+                key=f"{key}.{name}",
+                fix=f"use only {', '.join(ROW_KEYS)}",
+            )
     for name in ROW_KEYS:
         if name not in data:
             raise InputError("missing", file=file, line=data.line, key=f"{key}.{name}", fix=TABLE_FIX)
@@ -60,32 +66,63 @@ def _row(file: str, data: Any, line: int, key: str) -> Price:
     instance = data["instance_type"]
     if instance not in INSTANCE_TYPES:
         line_, key_ = at("instance_type")
-        raise InputError(f"unknown instance type {instance!r}", file=file, line=line_, key=key_,
-                         fix=f"use one of the catalog's: {', '.join(sorted(INSTANCE_TYPES))} (trainer/catalog.py)")
+        raise InputError(
+            f"unknown instance type {instance!r}",
+            file=file,
+            line=line_,
+            key=key_,
+            fix=f"use one of the catalog's: {', '.join(sorted(INSTANCE_TYPES))} (trainer/catalog.py)",
+        )
     region = data["region"]
     if not isinstance(region, str) or not _REGION.match(region):
         line_, key_ = at("region")
-        raise InputError(f"{region!r} is not an AWS region name", file=file, line=line_, key=key_,
-                         fix="write the region code, e.g. us-west-2")
+        raise InputError(
+            f"{region!r} is not an AWS region name",
+            file=file,
+            line=line_,
+            key=key_,
+            fix="write the region code, e.g. us-west-2",
+        )
     price = data["usd_per_hour"]
     if price is not None and (type(price) not in (int, float) or not price > 0 or price == float("inf")):
         line_, key_ = at("usd_per_hour")
-        raise InputError(f"must be a positive number of US dollars per instance-hour, got {price!r}", file=file,
-                         line=line_, key=key_, fix="write the On-Demand hourly price, or null where there is none")
+        raise InputError(
+            f"must be a positive number of US dollars per instance-hour, got {price!r}",
+            file=file,
+            line=line_,
+            key=key_,
+            fix="write the On-Demand hourly price, or null where there is none",
+        )
     read = data["read"]
     try:
         datetime.date.fromisoformat(read if isinstance(read, str) else "")
     except ValueError:
         line_, key_ = at("read")
-        raise InputError(f"must be a quoted date YYYY-MM-DD, got {read!r}", file=file, line=line_, key=key_,
-                         fix='write the date the price was read, e.g. read: "2026-11-30"') from None
+        raise InputError(
+            f"must be a quoted date YYYY-MM-DD, got {read!r}",
+            file=file,
+            line=line_,
+            key=key_,
+            fix='write the date the price was read, e.g. read: "2026-11-30"',
+        ) from None
     source = data["source"]
     if not isinstance(source, str) or not source.strip():
         line_, key_ = at("source")
-        raise InputError("must say where the price was read", file=file, line=line_, key=key_,
-                         fix="name the page or data file the price comes from")
-    return Price(instance_type=instance, region=region, usd_per_hour=None if price is None else float(price),
-                 read=read, source=source, line=line)
+        raise InputError(
+            "must say where the price was read",
+            file=file,
+            line=line_,
+            key=key_,
+            fix="name the page or data file the price comes from",
+        )
+    return Price(
+        instance_type=instance,
+        region=region,
+        usd_per_hour=None if price is None else float(price),
+        read=read,
+        source=source,
+        line=line,
+    )
 
 
 def _shown(path: Path) -> str:
@@ -108,14 +145,24 @@ def load_prices(path: str | Path | None = None, label: str | None = None) -> Pri
         raise InputError(f"cannot be read ({err})", file=file, key="--prices", fix="pass a UTF-8 YAML file") from None
     data = load_yaml(text, file)
     if not isinstance(data, LineDict) or set(data) != {"prices"} or not isinstance(data["prices"], LineList):
-        raise InputError("must be a mapping with one key, prices: a list of rows", file=file,
-                         line=getattr(data, "line", 0), key="prices", fix=TABLE_FIX)
+        raise InputError(
+            "must be a mapping with one key, prices: a list of rows",
+            file=file,
+            line=getattr(data, "line", 0),
+            key="prices",
+            fix=TABLE_FIX,
+        )
     rows: dict[tuple[str, str], Price] = {}
     for i, (item, line) in enumerate(zip(data["prices"], data["prices"].item_lines)):
         price = _row(file, item, line, f"prices[{i}]")
         first = rows.get((price.instance_type, price.region))
         if first is not None:
-            raise InputError(f"{price.instance_type} in {price.region} is priced twice (first at line {first.line})",
-                             file=file, line=line, key=f"prices[{i}]", fix="keep one row per instance type and region")
+            raise InputError(
+                f"{price.instance_type} in {price.region} is priced twice (first at line {first.line})",
+                file=file,
+                line=line,
+                key=f"prices[{i}]",
+                fix="keep one row per instance type and region",
+            )
         rows[(price.instance_type, price.region)] = price
     return PriceTable(file=file, rows=rows)

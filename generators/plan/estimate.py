@@ -22,12 +22,13 @@ reads each rank's rows only), one full fp32 tensor in flight (random initialisat
 tensors), and RANK_HOST_BASE_GIB for the process itself (torch, CUDA and NCCL host state; an
 assumption, not measured here).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from generators.core.errors import InputError
 from generators.core.markdown import table
@@ -35,8 +36,15 @@ from generators.matrix.load import Matrix
 from generators.matrix.schema import Cluster, Run
 from generators.plan import Plan
 from generators.plan.cost import PriceTable
-from generators.plan.speed import (NETWORK_EFFICIENCY, NVLINK_EFFICIENCY, Speed, Topology, hardware, predict,
-                                   steps_per_epoch)
+from generators.plan.speed import (
+    NETWORK_EFFICIENCY,
+    NVLINK_EFFICIENCY,
+    Speed,
+    Topology,
+    hardware,
+    predict,
+    steps_per_epoch,
+)
 from trainer.catalog import INSTANCE_TYPES, MODELS, Architecture, InstanceType
 from trainer.config import ConfigError, TrainConfig, check_topology, to_dict
 from trainer.memory import FIT_FRACTION, HEADROOM_GIB, estimate_peak_gib, fits, resolve_auto, usable_text
@@ -106,8 +114,15 @@ def host_gib_per_node(arch: Architecture, shard: int, gpus_per_node: int) -> flo
     return gpus_per_node * per_rank
 
 
-def figures(arch: Architecture, cfg: TrainConfig, instance: InstanceType, nodes: int, gpus: int,
-            dataset_tokens: int | None, price: float | None) -> Figures:
+def figures(
+    arch: Architecture,
+    cfg: TrainConfig,
+    instance: InstanceType,
+    nodes: int,
+    gpus: int,
+    dataset_tokens: int | None,
+    price: float | None,
+) -> Figures:
     """Estimate one configuration; `cfg` may still hold `auto` settings (resolved here)."""
     world = nodes * gpus
     shard = check_topology(cfg.parallelism, world, gpus)
@@ -122,11 +137,20 @@ def figures(arch: Architecture, cfg: TrainConfig, instance: InstanceType, nodes:
         steps = 0
     hours = steps * speed.step_s / 3600 if steps else float("nan")
     return Figures(
-        nodes=nodes, world=world, shard=shard, cfg=cfg, gpu_gib=estimate_peak_gib(arch, cfg, shard),
-        gpu_capacity_gib=instance.gpu_memory_gib, host_gib=host_gib_per_node(arch, shard, gpus),
-        host_capacity_gib=instance.host_memory_gib * gpus // instance.num_gpus, speed=speed, steps=steps,
-        hours=hours, gpu_hours=hours * world,
-        cost_usd=None if price is None or math.isnan(hours) else hours * nodes * price)
+        nodes=nodes,
+        world=world,
+        shard=shard,
+        cfg=cfg,
+        gpu_gib=estimate_peak_gib(arch, cfg, shard),
+        gpu_capacity_gib=instance.gpu_memory_gib,
+        host_gib=host_gib_per_node(arch, shard, gpus),
+        host_capacity_gib=instance.host_memory_gib * gpus // instance.num_gpus,
+        speed=speed,
+        steps=steps,
+        hours=hours,
+        gpu_hours=hours * world,
+        cost_usd=None if price is None or math.isnan(hours) else hours * nodes * price,
+    )
 
 
 def _replace(cfg: TrainConfig, section: str, **changes: object) -> TrainConfig:
@@ -167,35 +191,75 @@ def _candidates(cfg: TrainConfig, nodes: int, gpus: int, max_nodes: int) -> list
     for n in range(nodes + 1, max_nodes + 1):
         more_nodes.append((f"nodes: {n}", n, cfg))
         # More nodes alone leave a HYBRID_SHARD group as it is: grow the group with them.
-        more_nodes += [(f"nodes: {n}, trainer.parallelism.shard_group_size: {size}", n,
-                        _replace(cfg, "parallelism", shard_group_size=size))
-                       for size in (_group_sizes(group, n * gpus) if hybrid else [])]
+        more_nodes += [
+            (
+                f"nodes: {n}, trainer.parallelism.shard_group_size: {size}",
+                n,
+                _replace(cfg, "parallelism", shard_group_size=size),
+            )
+            for size in (_group_sizes(group, n * gpus) if hybrid else [])
+        ]
     order = ("none", "selective", "full")
-    checkpointing = [(f"trainer.parallelism.activation_checkpointing: {mode}", nodes,
-                      _replace(cfg, "parallelism", activation_checkpointing=mode))
-                     for mode in (order[order.index(par.activation_checkpointing) + 1:]
-                                  if par.activation_checkpointing in order else ())]
+    checkpointing = [
+        (
+            f"trainer.parallelism.activation_checkpointing: {mode}",
+            nodes,
+            _replace(cfg, "parallelism", activation_checkpointing=mode),
+        )
+        for mode in (
+            order[order.index(par.activation_checkpointing) + 1 :] if par.activation_checkpointing in order else ()
+        )
+    ]
     if hybrid:
-        sharding = [(f"trainer.parallelism.shard_group_size: {size}", nodes,
-                     _replace(cfg, "parallelism", shard_group_size=size)) for size in _group_sizes(group, nodes * gpus)]
+        sharding = [
+            (
+                f"trainer.parallelism.shard_group_size: {size}",
+                nodes,
+                _replace(cfg, "parallelism", shard_group_size=size),
+            )
+            for size in _group_sizes(group, nodes * gpus)
+        ]
     elif par.sharding_strategy in ("NO_SHARD", "SHARD_GRAD_OP"):
-        sharding = [("trainer.parallelism.sharding_strategy: FULL_SHARD", nodes,
-                     _replace(cfg, "parallelism", sharding_strategy="FULL_SHARD"))]
+        sharding = [
+            (
+                "trainer.parallelism.sharding_strategy: FULL_SHARD",
+                nodes,
+                _replace(cfg, "parallelism", sharding_strategy="FULL_SHARD"),
+            )
+        ]
     else:
         sharding = []
-    fp8 = ([("trainer.parallelism.precision: fp8, trainer.parallelism.fp8_all_gather: true", nodes,
-             _replace(cfg, "parallelism", precision="fp8", fp8_all_gather=True))]
-           if par.precision == "bf16" else [])
+    fp8 = (
+        [
+            (
+                "trainer.parallelism.precision: fp8, trainer.parallelism.fp8_all_gather: true",
+                nodes,
+                _replace(cfg, "parallelism", precision="fp8", fp8_all_gather=True),
+            )
+        ]
+        if par.precision == "bf16"
+        else []
+    )
     smaller_batch: list[Candidate] = []
     for batch in range(tr.batch_size_per_gpu - 1, 0, -1):
         if tr.batch_size_per_gpu % batch == 0:
             accum = tr.grad_accum_steps * tr.batch_size_per_gpu // batch
-            smaller_batch.append((f"trainer.training.batch_size_per_gpu: {batch}, trainer.training.grad_accum_steps: "
-                                  f"{accum} (the same global batch)", nodes,
-                                  _replace(cfg, "training", batch_size_per_gpu=batch, grad_accum_steps=accum)))
+            smaller_batch.append(
+                (
+                    f"trainer.training.batch_size_per_gpu: {batch}, trainer.training.grad_accum_steps: "
+                    f"{accum} (the same global batch)",
+                    nodes,
+                    _replace(cfg, "training", batch_size_per_gpu=batch, grad_accum_steps=accum),
+                )
+            )
         else:
-            smaller_batch.append((f"trainer.training.batch_size_per_gpu: {batch}", nodes,
-                                  _replace(cfg, "training", batch_size_per_gpu=batch)))
+            smaller_batch.append(
+                (
+                    f"trainer.training.batch_size_per_gpu: {batch}",
+                    nodes,
+                    _replace(cfg, "training", batch_size_per_gpu=batch),
+                )
+            )
     return [more_nodes, checkpointing, sharding, fp8, smaller_batch]
 
 
@@ -204,11 +268,15 @@ def _reason(model: str, f: Figures, instance: InstanceType) -> str:
     if not f.fits_gpu:
         mode = par.activation_checkpointing
         checkpointing = "no activation checkpointing" if mode == "none" else f"{mode} activation checkpointing"
-        return (f"{model} needs about {f.gpu_gib:.0f} GiB per GPU with {par.sharding_strategy} over {f.shard} GPUs "
-                f"and {checkpointing}, but {instance.name} GPUs have "
-                f"{usable_text(instance.gpu_memory_gib)}")
-    return (f"loading needs about {f.host_gib:.0f} GiB of host memory per node, more than "
-            f"{HOST_FIT_FRACTION:.0%} of the {f.host_capacity_gib} GiB of {instance.name}")
+        return (
+            f"{model} needs about {f.gpu_gib:.0f} GiB per GPU with {par.sharding_strategy} over {f.shard} GPUs "
+            f"and {checkpointing}, but {instance.name} GPUs have "
+            f"{usable_text(instance.gpu_memory_gib)}"
+        )
+    return (
+        f"loading needs about {f.host_gib:.0f} GiB of host memory per node, more than "
+        f"{HOST_FIT_FRACTION:.0%} of the {f.host_capacity_gib} GiB of {instance.name}"
+    )
 
 
 def _price_of(f: Figures) -> float:
@@ -221,13 +289,22 @@ def hourly_price(matrix: Matrix, cluster: Cluster, instance_type: str, prices: P
     where = f"cluster {cluster.name} ({matrix.file}:{cluster.lines.get('region', 0)})"
     row = prices.lookup(instance_type, cluster.region)
     if row is None:
-        raise InputError(f"no price for {instance_type} in {cluster.region}, which {where} runs", file=prices.file,
-                         key="prices", fix=f"add a row {{instance_type: {instance_type}, region: {cluster.region}, "
-                                           "usd_per_hour: ..., read: YYYY-MM-DD, source: ...}")
+        raise InputError(
+            f"no price for {instance_type} in {cluster.region}, which {where} runs",
+            file=prices.file,
+            key="prices",
+            fix=f"add a row {{instance_type: {instance_type}, region: {cluster.region}, "
+            "usd_per_hour: ..., read: YYYY-MM-DD, source: ...}",
+        )
     if row.usd_per_hour is None and not cluster.capacity_reservation_ids:
-        raise InputError(f"{instance_type} in {cluster.region} has no On-Demand price ({row.source}), and {where} "
-                         "has no capacity reservation", file=prices.file, line=row.line, key="prices",
-                         fix=f"set clusters.{cluster.name}.capacity_reservation_ids, or write the price in this row")
+        raise InputError(
+            f"{instance_type} in {cluster.region} has no On-Demand price ({row.source}), and {where} "
+            "has no capacity reservation",
+            file=prices.file,
+            line=row.line,
+            key="prices",
+            fix=f"set clusters.{cluster.name}.capacity_reservation_ids, or write the price in this row",
+        )
     return row.usd_per_hour
 
 
@@ -261,9 +338,17 @@ def estimate_run(matrix: Matrix, plan: Plan, prices: PriceTable, dataset_tokens:
             cost = f"${g.cost_usd:,.0f}" if g.cost_usd is not None else f"{g.gpu_hours:,.0f} GPU-hours"
             fix = f"{label} (about {g.gpu_gib:.0f} GiB per GPU, {cost})"
         refusal = Refusal(reason=_reason(plan.model, f, instance), fix=fix)
-    return RunEstimate(name=plan.name, cluster=plan.cluster, model=plan.model, instance_type=plan.instance_type,
-                       region=cluster.region, reserved=bool(cluster.capacity_reservation_ids), figures=f,
-                       refusal=refusal, settings=settings_of(plan))
+    return RunEstimate(
+        name=plan.name,
+        cluster=plan.cluster,
+        model=plan.model,
+        instance_type=plan.instance_type,
+        region=cluster.region,
+        reserved=bool(cluster.capacity_reservation_ids),
+        figures=f,
+        refusal=refusal,
+        settings=settings_of(plan),
+    )
 
 
 # Per-run paths carry the name (and so the hash): they differ whenever anything else does.
@@ -271,8 +356,10 @@ _NAMED_PATHS = ("trainer.checkpoint.dir", "trainer.metrics.output_dir")
 
 
 def settings_of(plan: Plan) -> dict[str, object]:
-    flat: dict[str, object] = {k: getattr(plan, k) for k in (
-        "instance_type", "nodes", "gpus_per_node", "rdzv_backend", "active_deadline_s", "shm_size_gib")}
+    flat: dict[str, object] = {
+        k: getattr(plan, k)
+        for k in ("instance_type", "nodes", "gpus_per_node", "rdzv_backend", "active_deadline_s", "shm_size_gib")
+    }
 
     def walk(prefix: str, value: object) -> None:
         if isinstance(value, dict):
@@ -280,6 +367,7 @@ def settings_of(plan: Plan) -> dict[str, object]:
                 walk(f"{prefix}.{k}", v)
         elif prefix not in _NAMED_PATHS:
             flat[prefix] = value
+
     walk("trainer", to_dict(plan.trainer))
     return flat
 
@@ -290,8 +378,10 @@ def settings_of(plan: Plan) -> dict[str, object]:
 # rows x seq_len on the file itself.
 DATASET_TOKENS: dict[str, tuple[int, str]] = {
     "/shared/data/samsum/train.jsonl": (
-        3_000_000, "an estimate: 14,732 SAMSum training dialogues x about 200 Llama tokens each (prompt "
-                   "template, dialogue, summary); not counted"),
+        3_000_000,
+        "an estimate: 14,732 SAMSum training dialogues x about 200 Llama tokens each (prompt "
+        "template, dialogue, summary); not counted",
+    ),
 }
 
 
@@ -320,9 +410,11 @@ class MatrixEstimate:
 def estimate_matrix(matrix: Matrix, plans: Sequence[Plan], prices: PriceTable) -> MatrixEstimate:
     """Every run (plans from plan_runs(..., reject_unfit=False)), in matrix order."""
     out: list[RunEstimate] = []
-    notes = {"Speed: the compute utilisation measured on one H200 for the same precision, compile and "
-             f"checkpointing (benchmarks/results/); collectives at {NVLINK_EFFICIENCY:.0%} of NVLink (measured "
-             f"between two H200s) and {NETWORK_EFFICIENCY:.0%} of the EFA line rate (not measured here).": None}
+    notes = {
+        "Speed: the compute utilisation measured on one H200 for the same precision, compile and "
+        f"checkpointing (benchmarks/results/); collectives at {NVLINK_EFFICIENCY:.0%} of NVLink (measured "
+        f"between two H200s) and {NETWORK_EFFICIENCY:.0%} of the EFA line rate (not measured here).": None
+    }
     for plan in plans:
         tokens, source = dataset_tokens(plan.trainer)
         if not plan.trainer.training.max_steps:
@@ -357,19 +449,34 @@ def _cost(r: RunEstimate) -> str:
     return f"{text} (reserved)" if r.reserved else text
 
 
-PLAN_HEADER = ("run", "GPUs", "GPU memory, GiB per GPU (of)", "host memory loading, GiB per node (of)",
-               "tokens/s per GPU", "hours", "GPU-hours", "cost, USD")
+PLAN_HEADER = (
+    "run",
+    "GPUs",
+    "GPU memory, GiB per GPU (of)",
+    "host memory loading, GiB per node (of)",
+    "tokens/s per GPU",
+    "hours",
+    "GPU-hours",
+    "cost, USD",
+)
 
 
 def plan_rows(runs: Sequence[RunEstimate]) -> list[list[str]]:
     rows = []
     for r in runs:
         f = r.figures
-        rows.append([
-            r.name + (" REFUSED" if r.refusal else ""), str(f.world),
-            f"{f.gpu_gib:.1f} ({f.gpu_capacity_gib}, {f.gpu_gib / f.gpu_capacity_gib:.0%})",
-            f"{f.host_gib:,.0f} ({f.host_capacity_gib:,})",
-            f"{f.speed.tokens_per_s_per_gpu:,.0f}", _hours(f.hours), _hours(f.gpu_hours), _cost(r)])
+        rows.append(
+            [
+                r.name + (" REFUSED" if r.refusal else ""),
+                str(f.world),
+                f"{f.gpu_gib:.1f} ({f.gpu_capacity_gib}, {f.gpu_gib / f.gpu_capacity_gib:.0%})",
+                f"{f.host_gib:,.0f} ({f.host_capacity_gib:,})",
+                f"{f.speed.tokens_per_s_per_gpu:,.0f}",
+                _hours(f.hours),
+                _hours(f.gpu_hours),
+                _cost(r),
+            ]
+        )
     return rows
 
 
@@ -387,18 +494,29 @@ def totals(runs: Sequence[RunEstimate]) -> list[tuple[str, int, float, float, bo
 
 
 def plan_markdown(est: MatrixEstimate) -> str:
-    lines = [f"### Plan: {est.matrix_file}, {len(est.runs)} runs", "",
-             "Predicted before anything runs: GPU memory by trainer/memory.py (the bound `auto` uses is "
-             f"{FIT_FRACTION:.0%} of the GPU less {HEADROOM_GIB:g} GiB of headroom), speed by generators/plan/speed.py, cost at On-Demand prices "
-             "(generators/plan/prices.yaml). Hours count training steps only.", "",
-             table(PLAN_HEADER, plan_rows(est.runs)), "",
-             table(("cluster", "runs", "GPU-hours", "cost, USD"),
-                            [[c, str(n), f"{g:,.1f}", f"{u:,.2f}" + (" (reserved)" if res else "")]
-                             for c, n, g, u, res in totals(est.runs)])]
+    lines = [
+        f"### Plan: {est.matrix_file}, {len(est.runs)} runs",
+        "",
+        "Predicted before anything runs: GPU memory by trainer/memory.py (the bound `auto` uses is "
+        f"{FIT_FRACTION:.0%} of the GPU less {HEADROOM_GIB:g} GiB of headroom), speed by generators/plan/speed.py, cost at On-Demand prices "
+        "(generators/plan/prices.yaml). Hours count training steps only.",
+        "",
+        table(PLAN_HEADER, plan_rows(est.runs)),
+        "",
+        table(
+            ("cluster", "runs", "GPU-hours", "cost, USD"),
+            [
+                [c, str(n), f"{g:,.1f}", f"{u:,.2f}" + (" (reserved)" if res else "")]
+                for c, n, g, u, res in totals(est.runs)
+            ],
+        ),
+    ]
     if est.refused:
         lines += ["", "Refused (they cannot fit):"]
         for r in est.refused:
-            fix = r.refusal.fix or "none of more nodes, checkpointing, a larger shard group, fp8 or a smaller batch fits"
+            fix = (
+                r.refusal.fix or "none of more nodes, checkpointing, a larger shard group, fp8 or a smaller batch fits"
+            )
             lines.append(f"- {r.name}: {r.refusal.reason}. Cheapest fix: {fix}.")
     lines += ["", "Assumptions:"] + [f"- {n}" for n in est.notes]
     return "\n".join(lines) + "\n"

@@ -41,6 +41,7 @@ network bandwidth of the instance type decides how much of it hides under the co
 What this model does not see: stragglers, NCCL's algorithm choices, the time to pull the image,
 load the weights, compile and write checkpoints (hours count training steps only).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -93,8 +94,13 @@ REFERENCE_GPU = "H200"
 
 def hardware(instance: InstanceType) -> Hardware:
     hbm, nvlink, sms = GPU_FIGURES[(instance.gpu_model, instance.gpu_memory_gib)]
-    return Hardware(gpu_model=instance.gpu_model, hbm_bytes_s=hbm, nvlink_bytes_s=nvlink,
-                    network_bytes_s=instance.network_gbps / 8 * GB, sms=sms)
+    return Hardware(
+        gpu_model=instance.gpu_model,
+        hbm_bytes_s=hbm,
+        nvlink_bytes_s=nvlink,
+        network_bytes_s=instance.network_gbps / 8 * GB,
+        sms=sms,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,24 +121,78 @@ class Calibration:
 
 
 CALIBRATION: tuple[Calibration, ...] = (
-    Calibration(gpu_model="H200", precision="bf16", compile=True, checkpointing="none", model="llama2-7b",
-                seq_len=4096, batch_size_per_gpu=2, bf16_optimizer_state=False, tokens_per_s_per_gpu=11173.0,
-                source="benchmarks/results/h200x1-final.jsonl:2"),
-    Calibration(gpu_model="H200", precision="bf16", compile=True, checkpointing="selective", model="llama2-7b",
-                seq_len=4096, batch_size_per_gpu=2, bf16_optimizer_state=False, tokens_per_s_per_gpu=10089.0,
-                source="benchmarks/results/h200x1-suite1.jsonl:5"),
-    Calibration(gpu_model="H200", precision="bf16", compile=True, checkpointing="full", model="llama2-7b",
-                seq_len=4096, batch_size_per_gpu=2, bf16_optimizer_state=False, tokens_per_s_per_gpu=9233.0,
-                source="benchmarks/results/h200x1-suite1.jsonl:6"),
-    Calibration(gpu_model="H200", precision="bf16", compile=False, checkpointing="none", model="llama2-7b",
-                seq_len=4096, batch_size_per_gpu=2, bf16_optimizer_state=False, tokens_per_s_per_gpu=7738.0,
-                source="benchmarks/results/h200x1-suite1.jsonl:4"),
-    Calibration(gpu_model="H200", precision="fp8", compile=True, checkpointing="none", model="llama2-7b",
-                seq_len=4096, batch_size_per_gpu=2, bf16_optimizer_state=False, tokens_per_s_per_gpu=14576.0,
-                source="benchmarks/results/h200x1-fp8.jsonl:2"),
-    Calibration(gpu_model="H200", precision="bf16", compile=False, checkpointing="full", model="llama2-7b",
-                seq_len=4096, batch_size_per_gpu=2, bf16_optimizer_state=False, tokens_per_s_per_gpu=7523.0,
-                source="benchmarks/results/h200x1-suite1.jsonl:2"),
+    Calibration(
+        gpu_model="H200",
+        precision="bf16",
+        compile=True,
+        checkpointing="none",
+        model="llama2-7b",
+        seq_len=4096,
+        batch_size_per_gpu=2,
+        bf16_optimizer_state=False,
+        tokens_per_s_per_gpu=11173.0,
+        source="benchmarks/results/h200x1-final.jsonl:2",
+    ),
+    Calibration(
+        gpu_model="H200",
+        precision="bf16",
+        compile=True,
+        checkpointing="selective",
+        model="llama2-7b",
+        seq_len=4096,
+        batch_size_per_gpu=2,
+        bf16_optimizer_state=False,
+        tokens_per_s_per_gpu=10089.0,
+        source="benchmarks/results/h200x1-suite1.jsonl:5",
+    ),
+    Calibration(
+        gpu_model="H200",
+        precision="bf16",
+        compile=True,
+        checkpointing="full",
+        model="llama2-7b",
+        seq_len=4096,
+        batch_size_per_gpu=2,
+        bf16_optimizer_state=False,
+        tokens_per_s_per_gpu=9233.0,
+        source="benchmarks/results/h200x1-suite1.jsonl:6",
+    ),
+    Calibration(
+        gpu_model="H200",
+        precision="bf16",
+        compile=False,
+        checkpointing="none",
+        model="llama2-7b",
+        seq_len=4096,
+        batch_size_per_gpu=2,
+        bf16_optimizer_state=False,
+        tokens_per_s_per_gpu=7738.0,
+        source="benchmarks/results/h200x1-suite1.jsonl:4",
+    ),
+    Calibration(
+        gpu_model="H200",
+        precision="fp8",
+        compile=True,
+        checkpointing="none",
+        model="llama2-7b",
+        seq_len=4096,
+        batch_size_per_gpu=2,
+        bf16_optimizer_state=False,
+        tokens_per_s_per_gpu=14576.0,
+        source="benchmarks/results/h200x1-fp8.jsonl:2",
+    ),
+    Calibration(
+        gpu_model="H200",
+        precision="bf16",
+        compile=False,
+        checkpointing="full",
+        model="llama2-7b",
+        seq_len=4096,
+        batch_size_per_gpu=2,
+        bf16_optimizer_state=False,
+        tokens_per_s_per_gpu=7523.0,
+        source="benchmarks/results/h200x1-suite1.jsonl:2",
+    ),
 )
 
 
@@ -140,10 +200,12 @@ def flops_per_token(arch: Architecture, seq_len: int, checkpointing: str, select
     """FLOPs one trained token costs, recomputation and the output layer included."""
     decoder = arch.num_params - arch.num_embedding_params
     recompute_layer = (2.0 * decoder + 4.0 * arch.num_layers * arch.hidden_size * seq_len) / arch.num_layers
-    recomputed_layers = {"none": 0, "full": arch.num_layers,
-                         "selective": arch.num_layers // selective_every}[checkpointing]
-    return (arch.flops_per_token(seq_len) + 6.0 * arch.vocab_size * arch.hidden_size
-            + recomputed_layers * recompute_layer)
+    recomputed_layers = {"none": 0, "full": arch.num_layers, "selective": arch.num_layers // selective_every}[
+        checkpointing
+    ]
+    return (
+        arch.flops_per_token(seq_len) + 6.0 * arch.vocab_size * arch.hidden_size + recomputed_layers * recompute_layer
+    )
 
 
 def optimizer_bytes_per_param(cfg: TrainConfig) -> float:
@@ -204,20 +266,32 @@ def utilisation(gpu: str, precision: str, compile_: bool, mode: str) -> tuple[fl
         notes.append(f"{what} not measured, bf16 compiled with {mode} checkpointing")
         return utilisation_of(base), "; ".join(notes)
     reference = by_key[(measured_gpu, "bf16", True, "none")]
-    notes.append(f"{precision}{'' if compile_ else ', compile off'} with {mode} checkpointing not measured: "
-                 f"bf16 compiled with {mode}, times what it changes with none")
+    notes.append(
+        f"{precision}{'' if compile_ else ', compile off'} with {mode} checkpointing not measured: "
+        f"bf16 compiled with {mode}, times what it changes with none"
+    )
     return utilisation_of(base) * utilisation_of(setting) / utilisation_of(reference), "; ".join(notes)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def utilisation_of(cal: Calibration) -> float:
     """u that makes the model reproduce the calibration run on one GPU."""
     arch = MODELS[cal.model]
-    cfg = from_dict({"model": {"name": cal.model}, "data": {"format": "synthetic", "seq_len": cal.seq_len},
-                     "training": {"batch_size_per_gpu": cal.batch_size_per_gpu,
-                                  "bf16_optimizer_state": cal.bf16_optimizer_state},
-                     "parallelism": {"precision": cal.precision, "compile": cal.compile,
-                                     "activation_checkpointing": cal.checkpointing}})
+    cfg = from_dict(
+        {
+            "model": {"name": cal.model},
+            "data": {"format": "synthetic", "seq_len": cal.seq_len},
+            "training": {
+                "batch_size_per_gpu": cal.batch_size_per_gpu,
+                "bf16_optimizer_state": cal.bf16_optimizer_state,
+            },
+            "parallelism": {
+                "precision": cal.precision,
+                "compile": cal.compile,
+                "activation_checkpointing": cal.checkpointing,
+            },
+        }
+    )
     hw = hardware_for_gpu(cal.gpu_model)
     tokens = cal.batch_size_per_gpu * cal.seq_len
     step = tokens / cal.tokens_per_s_per_gpu
@@ -251,7 +325,8 @@ def traffic_bytes(arch: Architecture, cfg: TrainConfig, topo: Topology) -> Traff
         gather_forward=gathered,
         gather_backward=gathered if par.sharding_strategy != "SHARD_GRAD_OP" else 0.0,
         reduce=reductions * 4 * P * (S - 1) / S,
-        across=2 * (replicas - 1) / replicas * reductions * 4 * P / S if replicas > 1 else 0.0)
+        across=2 * (replicas - 1) / replicas * reductions * 4 * P / S if replicas > 1 else 0.0,
+    )
 
 
 def link_times_s(traffic: Traffic, topo: Topology, hw: Hardware, strategy: str) -> tuple[float, float, float]:
@@ -264,7 +339,7 @@ def link_times_s(traffic: Traffic, topo: Topology, hw: Hardware, strategy: str) 
     spans = (topo.world if strategy == "NO_SHARD" else topo.shard) > G
     group_bw = min(nvlink, network) if spans else nvlink
     # HYBRID_SHARD's replica all-reduces: one per local rank, so G of them share a node's network.
-    across_bw = (network / G if topo.nodes > 1 else nvlink)
+    across_bw = network / G if topo.nodes > 1 else nvlink
     forward = traffic.gather_forward / group_bw
     backward = (traffic.gather_backward + traffic.reduce) / group_bw + traffic.across / across_bw
     return forward, backward, forward + backward
@@ -291,10 +366,21 @@ def predict(arch: Architecture, cfg: TrainConfig, topo: Topology, hw: Hardware) 
     # forward, backward gathers and reductions under the backward. What does not fit is exposed, and
     # so are the first all-gather and the last reduction of a step (one layer's worth each); what
     # fits slows the compute it overlaps by the SMs NCCL takes.
-    exposed = (max(0.0, forward - compute * forward_share) + max(0.0, backward - compute * (1 - forward_share))
-               + comm / arch.num_layers + min(comm, compute) * NCCL_CHANNELS / hw.sms)
-    return Speed(tokens_per_step=tokens, compute_s=compute, optimizer_s=optimizer, comm_s=comm,
-                 step_s=compute + optimizer + exposed, utilisation=u, basis=basis)
+    exposed = (
+        max(0.0, forward - compute * forward_share)
+        + max(0.0, backward - compute * (1 - forward_share))
+        + comm / arch.num_layers
+        + min(comm, compute) * NCCL_CHANNELS / hw.sms
+    )
+    return Speed(
+        tokens_per_step=tokens,
+        compute_s=compute,
+        optimizer_s=optimizer,
+        comm_s=comm,
+        step_s=compute + optimizer + exposed,
+        utilisation=u,
+        basis=basis,
+    )
 
 
 def steps_per_epoch(dataset_tokens: int, cfg: TrainConfig, world: int) -> int:
@@ -312,8 +398,9 @@ def hardware_for_gpu(device_name: str) -> Hardware | None:
     return None
 
 
-def predict_measured(config: dict, world_size: int, local_world_size: int, device_name: str,
-                     one_host: bool = False) -> float | None:
+def predict_measured(
+    config: dict, world_size: int, local_world_size: int, device_name: str, one_host: bool = False
+) -> float | None:
     """Predicted tokens/s per GPU of a measured configuration: a benchmark record's flat `config`
     (benchmarks/common.py: model, seq_len, batch_size_per_gpu, grad_accum_steps, parallelism.*,
     training.*) or a trainer run's resolved config (run.json). `local_world_size` GPUs per launch
@@ -328,11 +415,15 @@ def predict_measured(config: dict, world_size: int, local_world_size: int, devic
     if "parallelism" in config:  # a trainer run's nested config
         nested = {k: v for k, v in config.items() if k in ("model", "data", "training", "parallelism")}
     elif "parallelism.sharding_strategy" in config:
-        nested = {"model": {"name": config.get("model")},
-                  "data": {"format": "synthetic", "seq_len": config.get("seq_len")},
-                  "training": {"batch_size_per_gpu": config.get("batch_size_per_gpu"),
-                               "grad_accum_steps": config.get("grad_accum_steps", 1)},
-                  "parallelism": {}}
+        nested = {
+            "model": {"name": config.get("model")},
+            "data": {"format": "synthetic", "seq_len": config.get("seq_len")},
+            "training": {
+                "batch_size_per_gpu": config.get("batch_size_per_gpu"),
+                "grad_accum_steps": config.get("grad_accum_steps", 1),
+            },
+            "parallelism": {},
+        }
         for key, value in config.items():
             section, _, leaf = key.partition(".")
             if section in ("parallelism", "training") and leaf:
@@ -345,9 +436,11 @@ def predict_measured(config: dict, world_size: int, local_world_size: int, devic
         nodes = world_size // local_world_size
         shard = check_topology(cfg.parallelism, world_size, local_world_size)
         if cfg.parallelism.activation_checkpointing == "auto" or (
-                cfg.parallelism.grad_sync == "auto" and cfg.training.grad_accum_steps > 1):
+            cfg.parallelism.grad_sync == "auto" and cfg.training.grad_accum_steps > 1
+        ):
             return None
-        return predict(arch, cfg, Topology(nodes=nodes, gpus_per_node=local_world_size, shard=shard),
-                       hw).tokens_per_s_per_gpu
+        return predict(
+            arch, cfg, Topology(nodes=nodes, gpus_per_node=local_world_size, shard=shard), hw
+        ).tokens_per_s_per_gpu
     except (ConfigError, KeyError, TypeError, ValueError):
         return None

@@ -4,9 +4,11 @@ Each renderer takes one cluster's plan (generators/plan/ ClusterPlan) and a Layo
 sits in the repository), never the matrix: runs.py writes a run's overlay, flux.py a cluster's Flux
 entry and infrastructure overlays, provisioning.py a cluster's eksctl (and Karpenter) definitions.
 """
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from generators.plan import ClusterPlan
 from generators.render.flux import KUEUE_QUEUE, render_cluster

@@ -15,6 +15,7 @@ module knows (PUBLIC_DATASETS); a run reading any other directory under /shared/
 its marker, which whoever puts the data there writes with the same command
 (base/data-staging/README.md).
 """
+
 from __future__ import annotations
 
 import posixpath
@@ -50,14 +51,28 @@ def staged_datasets(plan: ClusterPlan) -> dict[str, tuple[str, str]]:
 
 
 def job_patch(name: str, dataset: str, fmt: str) -> JsonPatch:
-    return JsonPatch(ops=(
-        {"op": "test", "path": f"{_CONTAINER}/name", "value": "prepare"},
-        {"op": "test", "path": "/spec/template/spec/volumes/0/name", "value": "shared"},
-        {"op": "replace", "path": "/metadata/name", "value": f"stage-{name}"},
-        {"op": "replace", "path": f"{_CONTAINER}/command", "value": [
-            "python", "-m", "trainer.prepare_data", "--dataset", dataset, "--format", fmt,
-            "--out", SHARED_DATA_ROOT + name]},
-    ))
+    return JsonPatch(
+        ops=(
+            {"op": "test", "path": f"{_CONTAINER}/name", "value": "prepare"},
+            {"op": "test", "path": "/spec/template/spec/volumes/0/name", "value": "shared"},
+            {"op": "replace", "path": "/metadata/name", "value": f"stage-{name}"},
+            {
+                "op": "replace",
+                "path": f"{_CONTAINER}/command",
+                "value": [
+                    "python",
+                    "-m",
+                    "trainer.prepare_data",
+                    "--dataset",
+                    dataset,
+                    "--format",
+                    fmt,
+                    "--out",
+                    SHARED_DATA_ROOT + name,
+                ],
+            },
+        )
+    )
 
 
 def render_data(plan: ClusterPlan, layout: Layout) -> dict[str, Any]:
@@ -68,8 +83,11 @@ def render_data(plan: ClusterPlan, layout: Layout) -> dict[str, Any]:
     c = plan.cluster.name
     top = f"infrastructure/{c}/data"
     out: dict[str, Any] = {
-        f"{top}/kustomization.yaml": {"apiVersion": KUSTOMIZE_API, "kind": "Kustomization",
-                                      "resources": list(datasets)},
+        f"{top}/kustomization.yaml": {
+            "apiVersion": KUSTOMIZE_API,
+            "kind": "Kustomization",
+            "resources": list(datasets),
+        },
     }
     for name, (dataset, fmt) in datasets.items():
         out[f"{top}/{name}/kustomization.yaml"] = {
@@ -77,8 +95,12 @@ def render_data(plan: ClusterPlan, layout: Layout) -> dict[str, Any]:
             "kind": "Kustomization",
             "namespace": plan.cluster.namespace,
             "resources": [layout.to_repo(f"{top}/{name}", DATA_BASE)],
-            "patches": [{"path": "job.data.yaml",
-                         "target": {"group": "batch", "version": "v1", "kind": "Job", "name": BASE_JOB_NAME}}],
+            "patches": [
+                {
+                    "path": "job.data.yaml",
+                    "target": {"group": "batch", "version": "v1", "kind": "Job", "name": BASE_JOB_NAME},
+                }
+            ],
         }
         out[f"{top}/{name}/job.data.yaml"] = job_patch(name, dataset, fmt)
     return out

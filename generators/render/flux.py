@@ -51,9 +51,11 @@ GPU-node contract (base/node-tools, base/monitoring/controllers/dcgm-exporter.ya
 workload has one nodeSelectorTerm whose first matchExpression is the instance-type list; the
 controllers overlay tests that key and replaces the values with the cluster's GPU instance types.
 """
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from generators.core.writer import JsonPatch
 from generators.matrix.schema import Cluster, GitSource
@@ -82,26 +84,60 @@ SHARED_STORAGE_CLASS = "fsx-sc"
 KUEUE_QUEUE = "fsdp"
 
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
-_AFFINITY = "/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms/0/matchExpressions/0"
+_AFFINITY = (
+    "/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms/0/matchExpressions/0"
+)
 # Every GPU-node workload of base/infrastructure/controllers: (patch target, JSON pointer of the
 # matchExpression that holds the instance types, patch file). tests/test_infra_clusters.py checks
 # that this covers every workload of the base that carries the contract.
 GPU_WORKLOADS: tuple[tuple[dict[str, str], str, str], ...] = (
-    ({"group": "apps", "version": "v1", "kind": "DaemonSet", "namespace": "device-plugins",
-      "name": "nvidia-device-plugin"}, "/spec/template/spec" + _AFFINITY, "daemonset.gpu-nodes.yaml"),
-    ({"group": "apps", "version": "v1", "kind": "DaemonSet", "namespace": "device-plugins",
-      "name": "efa-device-plugin"}, "/spec/template/spec" + _AFFINITY, "daemonset.gpu-nodes.yaml"),
-    ({"group": "helm.toolkit.fluxcd.io", "version": "v2", "kind": "HelmRelease", "namespace": "monitoring",
-      "name": "dcgm-exporter"},
-     "/spec/values" + _AFFINITY, "helmrelease.gpu-nodes.yaml"),
+    (
+        {
+            "group": "apps",
+            "version": "v1",
+            "kind": "DaemonSet",
+            "namespace": "device-plugins",
+            "name": "nvidia-device-plugin",
+        },
+        "/spec/template/spec" + _AFFINITY,
+        "daemonset.gpu-nodes.yaml",
+    ),
+    (
+        {
+            "group": "apps",
+            "version": "v1",
+            "kind": "DaemonSet",
+            "namespace": "device-plugins",
+            "name": "efa-device-plugin",
+        },
+        "/spec/template/spec" + _AFFINITY,
+        "daemonset.gpu-nodes.yaml",
+    ),
+    (
+        {
+            "group": "helm.toolkit.fluxcd.io",
+            "version": "v2",
+            "kind": "HelmRelease",
+            "namespace": "monitoring",
+            "name": "dcgm-exporter",
+        },
+        "/spec/values" + _AFFINITY,
+        "helmrelease.gpu-nodes.yaml",
+    ),
 )
 # The same contract for the node tools (base/node-tools), in their own overlay and Flux Kustomization.
 NODE_TOOL_WORKLOADS: tuple[tuple[dict[str, str], str, str], ...] = tuple(
-    ({"group": "apps", "version": "v1", "kind": "DaemonSet", "namespace": "node-tools", "name": name},
-     "/spec/template/spec" + _AFFINITY, "daemonset.gpu-nodes.yaml") for name in ("htop", "nvtop"))
+    (
+        {"group": "apps", "version": "v1", "kind": "DaemonSet", "namespace": "node-tools", "name": name},
+        "/spec/template/spec" + _AFFINITY,
+        "daemonset.gpu-nodes.yaml",
+    )
+    for name in ("htop", "nvtop")
+)
 # base/cluster-autoscaler's auto-discovery argument; the controllers overlay puts the cluster's name in.
-AUTOSCALER_DISCOVERY = ("--node-group-auto-discovery=asg:tag=k8s.io/cluster-autoscaler/enabled,"
-                        "k8s.io/cluster-autoscaler/{cluster}")
+AUTOSCALER_DISCOVERY = (
+    "--node-group-auto-discovery=asg:tag=k8s.io/cluster-autoscaler/enabled,k8s.io/cluster-autoscaler/{cluster}"
+)
 AUTOSCALER_ARG = "/spec/template/spec/containers/0/command/2"
 KUEUE_CONTROLLER = "base/components/kueue/controller"
 KUEUE_QUEUES = "base/components/kueue/queues"
@@ -116,8 +152,9 @@ def render_cluster(plan: ClusterPlan, layout: Layout, *, image_automation: bool 
     data = render_data(plan, layout)
     out: dict[str, Any] = {
         f"clusters/{c}/sources.yaml": git_repository(plan.source, layout),
-        f"clusters/{c}/infrastructure.yaml": infrastructure_kustomizations(c, layout, staged=bool(data),
-                                                                          image_automation=image_automation),
+        f"clusters/{c}/infrastructure.yaml": infrastructure_kustomizations(
+            c, layout, staged=bool(data), image_automation=image_automation
+        ),
         f"infrastructure/{c}/controllers/kustomization.yaml": controllers_kustomization(cluster, layout),
         f"infrastructure/{c}/controllers/deployment.cluster-autoscaler.yaml": autoscaler_patch(cluster),
         f"infrastructure/{c}/node-tools/kustomization.yaml": node_tools_kustomization(c, layout),
@@ -163,8 +200,17 @@ def git_repository(repository: GitSource, layout: Layout) -> dict[str, Any]:
     }
 
 
-def flux_kustomization(name: str, path: str, *, depends_on: Sequence[str], wait: bool, interval: str,
-                       timeout: str, decrypt: bool = False, force: bool = False) -> dict[str, Any]:
+def flux_kustomization(
+    name: str,
+    path: str,
+    *,
+    depends_on: Sequence[str],
+    wait: bool,
+    interval: str,
+    timeout: str,
+    decrypt: bool = False,
+    force: bool = False,
+) -> dict[str, Any]:
     """A Flux Kustomization over `path` (relative to the repository root) of this repository."""
     spec: dict[str, Any] = {
         "interval": interval,
@@ -189,33 +235,70 @@ def flux_kustomization(name: str, path: str, *, depends_on: Sequence[str], wait:
     }
 
 
-def infrastructure_kustomizations(c: str, layout: Layout, *, staged: bool = False,
-                                  image_automation: bool = True) -> list[dict[str, Any]]:
+def infrastructure_kustomizations(
+    c: str, layout: Layout, *, staged: bool = False, image_automation: bool = True
+) -> list[dict[str, Any]]:
     """infra-controllers -> infra-configs -> secrets and data-staging; node-tools and image-automation
     on their own (see the module docstring)."""
     out = [
         # kube-prometheus-stack's first install takes several minutes; the timeout covers it.
-        flux_kustomization("infra-controllers", layout.flux_path(f"infrastructure/{c}/controllers"), depends_on=(),
-                           wait=True, interval="1h", timeout="20m"),
-        flux_kustomization("infra-configs", layout.flux_path(f"infrastructure/{c}/configs"),
-                           depends_on=("infra-controllers",), wait=False, interval="1h", timeout="5m"),
+        flux_kustomization(
+            "infra-controllers",
+            layout.flux_path(f"infrastructure/{c}/controllers"),
+            depends_on=(),
+            wait=True,
+            interval="1h",
+            timeout="20m",
+        ),
+        flux_kustomization(
+            "infra-configs",
+            layout.flux_path(f"infrastructure/{c}/configs"),
+            depends_on=("infra-controllers",),
+            wait=False,
+            interval="1h",
+            timeout="5m",
+        ),
         # After infra-configs: the Secret goes into the run namespace that infra-configs creates.
-        flux_kustomization("secrets", f"./base/secrets/{c}", depends_on=("infra-configs",), wait=False,
-                           interval="1h", timeout="2m", decrypt=True),
+        flux_kustomization(
+            "secrets",
+            f"./base/secrets/{c}",
+            depends_on=("infra-configs",),
+            wait=False,
+            interval="1h",
+            timeout="2m",
+            decrypt=True,
+        ),
         # Nothing depends on the node tools: one that cannot pull its image holds back no run.
-        flux_kustomization("node-tools", layout.flux_path(f"infrastructure/{c}/node-tools"), depends_on=(),
-                           wait=False, interval="1h", timeout="5m"),
+        flux_kustomization(
+            "node-tools",
+            layout.flux_path(f"infrastructure/{c}/node-tools"),
+            depends_on=(),
+            wait=False,
+            interval="1h",
+            timeout="5m",
+        ),
     ]
     if staged:
         # The first staging binds the shared volume (FSx creates the file system, about 10 minutes)
         # and downloads the datasets; the timeout covers both.
-        out.append(flux_kustomization("data-staging", layout.flux_path(f"infrastructure/{c}/data"),
-                                      depends_on=("infra-configs",), wait=True, interval="1h", timeout="60m",
-                                      force=True))
+        out.append(
+            flux_kustomization(
+                "data-staging",
+                layout.flux_path(f"infrastructure/{c}/data"),
+                depends_on=("infra-configs",),
+                wait=True,
+                interval="1h",
+                timeout="60m",
+                force=True,
+            )
+        )
     if image_automation:
         # Needs only Flux's image controllers (flux bootstrap --components-extra); nothing waits on it.
-        out.append(flux_kustomization("image-automation", "./base/image-automation", depends_on=(), wait=False,
-                                      interval="1h", timeout="2m"))
+        out.append(
+            flux_kustomization(
+                "image-automation", "./base/image-automation", depends_on=(), wait=False, interval="1h", timeout="2m"
+            )
+        )
     return out
 
 
@@ -223,8 +306,14 @@ def run_kustomization(plan: Plan, layout: Layout, *, staged: bool = False) -> di
     """Kustomization run-<run> over the run's overlay (the overlay sets its own namespace); after the
     cluster's data staging when it has one, so no GPU node is asked for before the data exists."""
     depends = ("infra-configs", "data-staging") if staged else ("infra-configs",)
-    return flux_kustomization(f"run-{plan.name}", layout.flux_path(plan.overlay_dir), depends_on=depends,
-                              wait=False, interval="10m", timeout="5m")
+    return flux_kustomization(
+        f"run-{plan.name}",
+        layout.flux_path(plan.overlay_dir),
+        depends_on=depends,
+        wait=False,
+        interval="10m",
+        timeout="5m",
+    )
 
 
 def controllers_kustomization(cluster: Cluster, layout: Layout) -> dict[str, Any]:
@@ -235,10 +324,19 @@ def controllers_kustomization(cluster: Cluster, layout: Layout) -> dict[str, Any
         "apiVersion": KUSTOMIZE_API,
         "kind": "Kustomization",
         "resources": [layout.to_repo(here, "base/infrastructure/controllers")],
-        "patches": [{"path": patch_file, "target": dict(target)} for target, _, patch_file in GPU_WORKLOADS] + [
-            {"path": "deployment.cluster-autoscaler.yaml",
-             "target": {"group": "apps", "version": "v1", "kind": "Deployment", "namespace": "kube-system",
-                        "name": "cluster-autoscaler"}}],
+        "patches": [{"path": patch_file, "target": dict(target)} for target, _, patch_file in GPU_WORKLOADS]
+        + [
+            {
+                "path": "deployment.cluster-autoscaler.yaml",
+                "target": {
+                    "group": "apps",
+                    "version": "v1",
+                    "kind": "Deployment",
+                    "namespace": "kube-system",
+                    "name": "cluster-autoscaler",
+                },
+            }
+        ],
     }
     if cluster.kueue:
         out["components"] = [layout.to_repo(here, KUEUE_CONTROLLER)]
@@ -247,10 +345,12 @@ def controllers_kustomization(cluster: Cluster, layout: Layout) -> dict[str, Any
 
 def autoscaler_patch(cluster: Cluster) -> JsonPatch:
     """The cluster autoscaler scales the Auto Scaling groups tagged with this cluster's name."""
-    return JsonPatch(ops=(
-        {"op": "test", "path": AUTOSCALER_ARG, "value": AUTOSCALER_DISCOVERY.format(cluster="fsdp-cluster")},
-        {"op": "replace", "path": AUTOSCALER_ARG, "value": AUTOSCALER_DISCOVERY.format(cluster=cluster.name)},
-    ))
+    return JsonPatch(
+        ops=(
+            {"op": "test", "path": AUTOSCALER_ARG, "value": AUTOSCALER_DISCOVERY.format(cluster="fsdp-cluster")},
+            {"op": "replace", "path": AUTOSCALER_ARG, "value": AUTOSCALER_DISCOVERY.format(cluster=cluster.name)},
+        )
+    )
 
 
 def node_tools_kustomization(c: str, layout: Layout) -> dict[str, Any]:
@@ -265,11 +365,13 @@ def node_tools_kustomization(c: str, layout: Layout) -> dict[str, Any]:
 
 def instance_type_patch(cluster: Cluster, pointer: str) -> JsonPatch:
     """Replace the instance-type list at `pointer` with the cluster's GPU instance types (matrix order)."""
-    return JsonPatch(ops=(
-        # Fails the build if the base ever moves the instance-type expression (the contract).
-        {"op": "test", "path": f"{pointer}/key", "value": INSTANCE_TYPE_LABEL},
-        {"op": "replace", "path": f"{pointer}/values", "value": list(cluster.instance_types)},
-    ))
+    return JsonPatch(
+        ops=(
+            # Fails the build if the base ever moves the instance-type expression (the contract).
+            {"op": "test", "path": f"{pointer}/key", "value": INSTANCE_TYPE_LABEL},
+            {"op": "replace", "path": f"{pointer}/values", "value": list(cluster.instance_types)},
+        )
+    )
 
 
 def kueue_quota(cluster: Cluster) -> dict[str, int | str]:
@@ -295,14 +397,21 @@ def configs_kustomization(cluster: Cluster, layout: Layout) -> dict[str, Any]:
     out: dict[str, Any] = {
         "apiVersion": KUSTOMIZE_API,
         "kind": "Kustomization",
-        "resources": [layout.to_repo(f"infrastructure/{c}/configs", "base/infrastructure/configs"), "namespace.yaml",
-                      "pvc.yaml",
-                      *(preflight_dir(cluster, INSTANCE_TYPES[t]).rsplit("/", 1)[1] for t in cluster.instance_types)],
+        "resources": [
+            layout.to_repo(f"infrastructure/{c}/configs", "base/infrastructure/configs"),
+            "namespace.yaml",
+            "pvc.yaml",
+            *(preflight_dir(cluster, INSTANCE_TYPES[t]).rsplit("/", 1)[1] for t in cluster.instance_types),
+        ],
         "patches": [
-            {"path": "clusterqueue.quota.yaml",
-             "target": {"group": "kueue.x-k8s.io", "kind": "ClusterQueue", "name": KUEUE_QUEUE}},
-            {"path": "localqueue.namespace.yaml",
-             "target": {"group": "kueue.x-k8s.io", "kind": "LocalQueue", "name": KUEUE_QUEUE}},
+            {
+                "path": "clusterqueue.quota.yaml",
+                "target": {"group": "kueue.x-k8s.io", "kind": "ClusterQueue", "name": KUEUE_QUEUE},
+            },
+            {
+                "path": "localqueue.namespace.yaml",
+                "target": {"group": "kueue.x-k8s.io", "kind": "LocalQueue", "name": KUEUE_QUEUE},
+            },
         ],
     }
     if cluster.kueue:
@@ -314,8 +423,10 @@ def kueue_quota_patch(cluster: Cluster) -> JsonPatch:
     resources = "/spec/resourceGroups/0/flavors/0/resources"
     ops: list[dict[str, Any]] = []
     for i, (name, quota) in enumerate(kueue_quota(cluster).items()):
-        ops += [{"op": "test", "path": f"{resources}/{i}/name", "value": name},
-                {"op": "replace", "path": f"{resources}/{i}/nominalQuota", "value": quota}]
+        ops += [
+            {"op": "test", "path": f"{resources}/{i}/name", "value": name},
+            {"op": "replace", "path": f"{resources}/{i}/nominalQuota", "value": quota},
+        ]
     return JsonPatch(ops=tuple(ops))
 
 

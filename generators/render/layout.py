@@ -5,6 +5,7 @@ that names them (`../../../../base/...` from overlays/infrastructure/<c>/control
 Kustomization paths relative to the repository root (`./overlays/...`). Both follow from the output
 directory's place, so every renderer asks a Layout instead of assuming overlays/.
 """
+
 from __future__ import annotations
 
 import os
@@ -39,5 +40,7 @@ OVERLAYS = Layout(root_from_out="..", out_from_root="overlays")
 def layout_for(out_dir: Path, repo_root: Path) -> Layout:
     """The Layout of an output directory (which need not exist yet)."""
     out, root = out_dir.resolve(), repo_root.resolve()
-    return Layout(root_from_out=Path(os.path.relpath(root, out)).as_posix(),
-                  out_from_root=Path(os.path.relpath(out, root)).as_posix())
+    return Layout(
+        root_from_out=Path(os.path.relpath(root, out)).as_posix(),
+        out_from_root=Path(os.path.relpath(out, root)).as_posix(),
+    )

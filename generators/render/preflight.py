@@ -13,6 +13,7 @@ otherwise) and an all-reduce bus bandwidth of at least MIN_BUSBW_FRACTION of the
 bandwidth (trainer.catalog). It fails, and raises the alert FsdpNcclPreflightFailed
 (base/monitoring/configs/prometheusrule-fsdp.yaml), when either does not hold.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -49,10 +50,18 @@ def min_busbw_gbs(instance: InstanceType) -> float:
 def preflight_command(instance: InstanceType) -> list[str]:
     name = preflight_name(instance)
     return [
-        "torchrun", "--nnodes=2", f"--nproc_per_node={instance.num_gpus}", "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={name}-0.{name}:{RDZV_PORT}", f"--rdzv-id={name}",
-        "-m", "trainer.preflight",
-        "--expect-transport", expected_transport(instance), "--min-busbw-gbs", str(min_busbw_gbs(instance)),
+        "torchrun",
+        "--nnodes=2",
+        f"--nproc_per_node={instance.num_gpus}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={name}-0.{name}:{RDZV_PORT}",
+        f"--rdzv-id={name}",
+        "-m",
+        "trainer.preflight",
+        "--expect-transport",
+        expected_transport(instance),
+        "--min-busbw-gbs",
+        str(min_busbw_gbs(instance)),
     ]
 
 
@@ -68,23 +77,30 @@ def job_patch(instance: InstanceType) -> JsonPatch:
         {"op": "replace", "path": f"{_POD}/subdomain", "value": name},
         {"op": "replace", "path": f"{_POD}/nodeSelector/node.kubernetes.io~1instance-type", "value": instance.name},
         {"op": "replace", "path": f"{_CONTAINER}/command", "value": preflight_command(instance)},
-        {"op": "replace", "path": f"{_CONTAINER}/resources", "value": {"limits": resources, "requests": dict(resources)}},
+        {
+            "op": "replace",
+            "path": f"{_CONTAINER}/resources",
+            "value": {"limits": resources, "requests": dict(resources)},
+        },
     ]
     if instance.num_efa:
         # As in the runs (generators/render/runs.py efa_env): insist on EFA, GPUDirect RDMA where supported.
         ops.append({"op": "add", "path": f"{_CONTAINER}/env/-", "value": {"name": "FI_PROVIDER", "value": "efa"}})
         if instance.efa_rdma:
-            ops.append({"op": "add", "path": f"{_CONTAINER}/env/-",
-                        "value": {"name": "FI_EFA_USE_DEVICE_RDMA", "value": "1"}})
+            ops.append(
+                {"op": "add", "path": f"{_CONTAINER}/env/-", "value": {"name": "FI_EFA_USE_DEVICE_RDMA", "value": "1"}}
+            )
     return JsonPatch(tuple(ops))
 
 
 def service_patch(instance: InstanceType) -> JsonPatch:
     name = preflight_name(instance)
-    return JsonPatch((
-        {"op": "replace", "path": "/metadata/name", "value": name},
-        {"op": "replace", "path": "/spec/selector/batch.kubernetes.io~1job-name", "value": name},
-    ))
+    return JsonPatch(
+        (
+            {"op": "replace", "path": "/metadata/name", "value": name},
+            {"op": "replace", "path": "/spec/selector/batch.kubernetes.io~1job-name", "value": name},
+        )
+    )
 
 
 def preflight_dir(cluster: Cluster, instance: InstanceType) -> str:
@@ -103,8 +119,10 @@ def render_preflight(cluster: Cluster, layout: Layout) -> dict[str, Any]:
             "namespace": cluster.namespace,
             "resources": [layout.to_repo(d, PREFLIGHT_BASE)],
             "patches": [
-                {"path": "job.preflight.yaml", "target": {"group": "batch", "version": "v1", "kind": "Job",
-                                                          "name": BASE_NAME}},
+                {
+                    "path": "job.preflight.yaml",
+                    "target": {"group": "batch", "version": "v1", "kind": "Job", "name": BASE_NAME},
+                },
                 {"path": "service.preflight.yaml", "target": {"version": "v1", "kind": "Service", "name": BASE_NAME}},
             ],
         }

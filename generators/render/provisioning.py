@@ -35,6 +35,7 @@ reservation of the cluster) and one NodePool per instance type (zone, taint, a G
 max_nodes nodes, consolidation only when empty so no running job is disrupted). Pods that request
 vpc.amazonaws.com/efa make Karpenter attach EFA interfaces.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -57,8 +58,14 @@ AMI_FAMILY = "AmazonLinux2023"
 KARPENTER_AMI_ALIAS = "al2023@v20260818"
 # Controllers (Flux, Training Operator, etcd, kube-prometheus-stack with Grafana, Karpenter) fit on two
 # 8 vCPU / 32 GiB nodes with room for one to drain; they never run on GPU nodes.
-SYSTEM_NODES = {"name": "system", "instanceType": "m6i.2xlarge", "minSize": 2, "desiredCapacity": 2,
-                "maxSize": 4, "volumeSize": 100}
+SYSTEM_NODES = {
+    "name": "system",
+    "instanceType": "m6i.2xlarge",
+    "minSize": 2,
+    "desiredCapacity": 2,
+    "maxSize": 4,
+    "volumeSize": 100,
+}
 NODE_ROLE_LABEL = "fsdp-gitops/node-role"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
 CLUSTER_TAG = "fsdp-gitops/cluster"
@@ -77,9 +84,11 @@ AUTOSCALER_SERVICE_ACCOUNT = ("kube-system", "cluster-autoscaler")
 # How the cluster must be created. eksctl installs its own NVIDIA and EFA device plugins unless told
 # not to (no config field exists for that, only flags); its EFA plugin ignores the GPU taint. The
 # pinned plugins of base/device-plugins replace both.
-CREATE_WITH = ("eksctl create cluster -f overlays/provisioning/{cluster}/eksctl.yaml --install-nvidia-plugin=false; "
-               "then kubectl -n kube-system delete daemonset aws-efa-k8s-device-plugin-daemonset: the device "
-               "plugins come from base/device-plugins through Flux")
+CREATE_WITH = (
+    "eksctl create cluster -f overlays/provisioning/{cluster}/eksctl.yaml --install-nvidia-plugin=false; "
+    "then kubectl -n kube-system delete daemonset aws-efa-k8s-device-plugin-daemonset: the device "
+    "plugins come from base/device-plugins through Flux"
+)
 # The VPC CNI enforces NetworkPolicy (base/etcd/networkpolicy.yaml) only with its policy agent on.
 VPC_CNI_CONFIG = '{"enableNetworkPolicy":"true"}'
 
@@ -150,31 +159,38 @@ def render_eksctl(plan: ClusterPlan, karpenter: bool) -> dict[str, Any]:
         # eksctl tags the VPC's subnets and security groups with the cluster's tags; the
         # EC2NodeClass selects them by this one.
         tags[DISCOVERY_TAG] = cluster.name
-    system = {**SYSTEM_NODES, "amiFamily": AMI_FAMILY, "privateNetworking": True,
-              "labels": {NODE_ROLE_LABEL: "system"}}
+    system = {**SYSTEM_NODES, "amiFamily": AMI_FAMILY, "privateNetworking": True, "labels": {NODE_ROLE_LABEL: "system"}}
     config: dict[str, Any] = {
         "apiVersion": EKSCTL_API,
         "kind": "ClusterConfig",
-        "metadata": {"name": cluster.name, "region": cluster.region, "version": cluster.kubernetes_version,
-                     "tags": tags, "annotations": {"fsdp-gitops/create-with": CREATE_WITH.format(cluster=cluster.name)}},
+        "metadata": {
+            "name": cluster.name,
+            "region": cluster.region,
+            "version": cluster.kubernetes_version,
+            "tags": tags,
+            "annotations": {"fsdp-gitops/create-with": CREATE_WITH.format(cluster=cluster.name)},
+        },
         "availabilityZones": cluster_zones(cluster),
         "vpc": {"nat": {"gateway": "Single"}},
         "iam": {
             "withOIDC": True,
-            "podIdentityAssociations": [{
-                "namespace": "flux-system",
-                "serviceAccountName": "image-reflector-controller",
-                "permissionPolicyARNs": [ECR_READ_POLICY],
-            }, {
-                # In the Karpenter form no Auto Scaling group carries its tags and it stays idle.
-                "namespace": AUTOSCALER_SERVICE_ACCOUNT[0],
-                "serviceAccountName": AUTOSCALER_SERVICE_ACCOUNT[1],
-                "wellKnownPolicies": {"autoScaler": True},
-            }],
+            "podIdentityAssociations": [
+                {
+                    "namespace": "flux-system",
+                    "serviceAccountName": "image-reflector-controller",
+                    "permissionPolicyARNs": [ECR_READ_POLICY],
+                },
+                {
+                    # In the Karpenter form no Auto Scaling group carries its tags and it stays idle.
+                    "namespace": AUTOSCALER_SERVICE_ACCOUNT[0],
+                    "serviceAccountName": AUTOSCALER_SERVICE_ACCOUNT[1],
+                    "wellKnownPolicies": {"autoScaler": True},
+                },
+            ],
         },
         "addonsConfig": {"autoApplyPodIdentityAssociations": True},
-        "addons": [{"name": "vpc-cni", "configurationValues": VPC_CNI_CONFIG}] + [{"name": name} for name in
-                   ("coredns", "kube-proxy", "eks-pod-identity-agent", "aws-fsx-csi-driver")],
+        "addons": [{"name": "vpc-cni", "configurationValues": VPC_CNI_CONFIG}]
+        + [{"name": name} for name in ("coredns", "kube-proxy", "eks-pod-identity-agent", "aws-fsx-csi-driver")],
         "managedNodeGroups": [system],
     }
     if karpenter:
@@ -195,18 +211,28 @@ def render_karpenter(cluster: Cluster) -> dict[str, Any]:
         # Private subnets only (eksctl marks them with the internal-elb role tag).
         "subnetSelectorTerms": [{"tags": {**discovery, "kubernetes.io/role/internal-elb": "1"}}],
         "securityGroupSelectorTerms": [{"tags": discovery}],
-        "blockDeviceMappings": [{
-            "deviceName": "/dev/xvda",
-            "ebs": {"volumeSize": f"{cluster.volume_size_gib}Gi", "volumeType": "gp3", "encrypted": True,
-                    "deleteOnTermination": True},
-        }],
+        "blockDeviceMappings": [
+            {
+                "deviceName": "/dev/xvda",
+                "ebs": {
+                    "volumeSize": f"{cluster.volume_size_gib}Gi",
+                    "volumeType": "gp3",
+                    "encrypted": True,
+                    "deleteOnTermination": True,
+                },
+            }
+        ],
         "tags": {CLUSTER_TAG: cluster.name},
     }
     if cluster.capacity_reservation_ids:
         spec["capacityReservationSelectorTerms"] = [{"id": cr} for cr in cluster.capacity_reservation_ids]
     files: dict[str, Any] = {
-        "ec2nodeclass.yaml": {"apiVersion": KARPENTER_AWS_API, "kind": "EC2NodeClass",
-                              "metadata": {"name": "gpu"}, "spec": spec},
+        "ec2nodeclass.yaml": {
+            "apiVersion": KARPENTER_AWS_API,
+            "kind": "EC2NodeClass",
+            "metadata": {"name": "gpu"},
+            "spec": spec,
+        },
     }
     capacity_types = ["on-demand"] + (["reserved"] if cluster.capacity_reservation_ids else [])
     for instance_type in cluster.instance_types:
@@ -222,8 +248,11 @@ def render_karpenter(cluster: Cluster) -> dict[str, Any]:
                         "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "gpu"},
                         "requirements": [
                             {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": [instance_type]},
-                            {"key": "topology.kubernetes.io/zone", "operator": "In",
-                             "values": [cluster.availability_zones[0]]},
+                            {
+                                "key": "topology.kubernetes.io/zone",
+                                "operator": "In",
+                                "values": [cluster.availability_zones[0]],
+                            },
                             {"key": "karpenter.sh/capacity-type", "operator": "In", "values": capacity_types},
                         ],
                         "taints": [dict(GPU_TAINT)],
@@ -247,9 +276,11 @@ def check_reservations(plan: ClusterPlan, karpenter: bool) -> None:
             raise InputError(
                 f"{len(ids)} capacity reservation(s) for {len(cluster.instance_types)} instance type(s): an eksctl "
                 "node group targets exactly one reservation and the matrix does not say which type an id reserves",
-                file=plan.matrix_file, line=cluster.lines.get("capacity_reservation_ids", 0),
+                file=plan.matrix_file,
+                line=cluster.lines.get("capacity_reservation_ids", 0),
                 key=f"clusters.{cluster.name}.capacity_reservation_ids",
-                fix="keep one id on a cluster with one instance type, or generate with --karpenter")
+                fix="keep one id on a cluster with one instance type, or generate with --karpenter",
+            )
 
 
 def render(plans: Sequence[ClusterPlan], karpenter: bool) -> dict[str, Any]:

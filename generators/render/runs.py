@@ -15,12 +15,12 @@ One kustomize overlay per run, in runs/<cluster>/<run>/:
   Training Operator gives them), which trainer/progress.py needs to write the progress annotations.
 The per-cluster Flux entry and infrastructure overlays come from generators/render/flux.py.
 """
-from __future__ import annotations
 
-from typing import Any
+from __future__ import annotations
 
 import math
 import posixpath
+from typing import Any
 
 from generators.core.writer import JsonPatch
 from generators.plan import Plan
@@ -129,8 +129,11 @@ def data_marker(p: Plan) -> str:
     """The marker the data staging Job writes for the run's dataset; "" when nothing stages it."""
     path = p.trainer.data.path
     # Staged datasets are directories: /shared/data/<dataset>/<file>.
-    if p.trainer.data.format == "synthetic" or not path.startswith(SHARED_DATA_ROOT) \
-            or "/" not in path[len(SHARED_DATA_ROOT):]:
+    if (
+        p.trainer.data.format == "synthetic"
+        or not path.startswith(SHARED_DATA_ROOT)
+        or "/" not in path[len(SHARED_DATA_ROOT) :]
+    ):
         return ""
     return posixpath.join(posixpath.dirname(path), DATA_MARKER)
 
@@ -142,11 +145,14 @@ def resources(p: Plan) -> dict[str, Any]:
     devices: dict[str, Any] = {"nvidia.com/gpu": p.gpus_per_node}
     if p.efa_per_node:
         devices["vpc.amazonaws.com/efa"] = p.efa_per_node
-    return {"limits": devices, "requests": {
-        **devices,
-        "cpu": str(math.floor(instance.num_vcpus * share * CPU_REQUEST_FRACTION)),
-        "memory": f"{math.floor(instance.host_memory_gib * share * MEMORY_REQUEST_FRACTION)}Gi",
-    }}
+    return {
+        "limits": devices,
+        "requests": {
+            **devices,
+            "cpu": str(math.floor(instance.num_vcpus * share * CPU_REQUEST_FRACTION)),
+            "memory": f"{math.floor(instance.host_memory_gib * share * MEMORY_REQUEST_FRACTION)}Gi",
+        },
+    }
 
 
 def pytorchjob_patch(p: Plan, queue: str = "") -> JsonPatch:
@@ -169,18 +175,27 @@ def pytorchjob_patch(p: Plan, queue: str = "") -> JsonPatch:
         {"op": "replace", "path": "/spec/nprocPerNode", "value": str(p.gpus_per_node)},
         {"op": "replace", "path": "/spec/runPolicy/activeDeadlineSeconds", "value": p.active_deadline_s},
         {"op": "replace", "path": f"{_WORKER}/replicas", "value": p.nodes},
-        {"op": "replace", "path": f"{_POD}/nodeSelector/{_ptr('node.kubernetes.io/instance-type')}",
-         "value": p.instance_type},
+        {
+            "op": "replace",
+            "path": f"{_POD}/nodeSelector/{_ptr('node.kubernetes.io/instance-type')}",
+            "value": p.instance_type,
+        },
         {"op": "replace", "path": f"{_CONTAINER}/command", "value": torchrun_command(p)},
         {"op": "replace", "path": f"{_POD}/terminationGracePeriodSeconds", "value": termination_grace_s(p)},
         # torchrun's wait for the workers' checkpoint after forwarding SIGTERM (trainer.launch).
-        {"op": "add", "path": f"{_CONTAINER}/env/-",
-         "value": {"name": FSDP_GRACE_ENV, "value": str(termination_grace_s(p) - TERM_SLACK_S)}},
+        {
+            "op": "add",
+            "path": f"{_CONTAINER}/env/-",
+            "value": {"name": FSDP_GRACE_ENV, "value": str(termination_grace_s(p) - TERM_SLACK_S)},
+        },
         # The run's own ServiceAccount (rbac.yaml): it may only annotate the run's pods, and the pod's
         # name, which turns the trainer's progress annotations on (trainer/progress.py).
         {"op": "add", "path": f"{_POD}/serviceAccountName", "value": p.name},
-        {"op": "add", "path": f"{_CONTAINER}/env/-",
-         "value": {"name": "FSDP_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}},
+        {
+            "op": "add",
+            "path": f"{_CONTAINER}/env/-",
+            "value": {"name": "FSDP_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        },
     ]
     for var in efa_env(p):
         ops.append({"op": "add", "path": f"{_CONTAINER}/env/-", "value": var})
@@ -208,12 +223,26 @@ def progress_rbac(p: Plan) -> list[dict[str, Any]]:
     meta = lambda n: {"name": n, "namespace": p.namespace}  # noqa: E731
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(name)},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta(role),
-         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"],
-                    "resourceNames": [f"{name}-worker-{i}" for i in range(p.nodes)]}]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta(role),
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
-         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": p.namespace}]},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": meta(role),
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "resources": ["pods"],
+                    "verbs": ["patch"],
+                    "resourceNames": [f"{name}-worker-{i}" for i in range(p.nodes)],
+                }
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": meta(role),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": p.namespace}],
+        },
     ]
 
 
@@ -225,15 +254,19 @@ def kustomization(p: Plan, base_ref: str) -> dict[str, Any]:
         "resources": [base_ref, "rbac.yaml"],
         # Metadata labels of the job and the ConfigMap (the pod labels come with the patch).
         "labels": [{"pairs": run_labels(p)}],
-        "configMapGenerator": [{
-            "name": f"{p.name}-config",
-            "files": ["train.yaml"],
-            "options": {"disableNameSuffixHash": True},
-        }],
-        "patches": [{
-            "path": "pytorchjob.run.yaml",
-            "target": {"group": "kubeflow.org", "version": "v1", "kind": "PyTorchJob", "name": BASE_JOB_NAME},
-        }],
+        "configMapGenerator": [
+            {
+                "name": f"{p.name}-config",
+                "files": ["train.yaml"],
+                "options": {"disableNameSuffixHash": True},
+            }
+        ],
+        "patches": [
+            {
+                "path": "pytorchjob.run.yaml",
+                "target": {"group": "kubeflow.org", "version": "v1", "kind": "PyTorchJob", "name": BASE_JOB_NAME},
+            }
+        ],
     }
 
 

@@ -2,19 +2,21 @@
 
 What an input is, how warm-up is dropped and how repeats combine is described in generators/report.py.
 """
+
 from __future__ import annotations
 
 import json
 import math
 import os
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from generators.core.errors import InputError
-from generators.plan.speed import predict_measured
 from generators.core.yamlio import read_input
+from generators.plan.speed import predict_measured
 
 DEFAULT_WARMUP_LOGS = 3
 # A results file larger than this is refused (a long run logs well under 100 MB of JSON lines).
@@ -33,7 +35,6 @@ CONFIGURATION = (
     ("strategy", ("parallelism.sharding_strategy", "sharding")),
     ("checkpointing", ("parallelism.activation_checkpointing", "activation_checkpointing")),
 )
-
 
 
 @dataclass(frozen=True)
@@ -124,8 +125,7 @@ def _json_lines(path: Path, label: str, fix: str) -> list[tuple[int, dict[str, A
         try:
             value = json.loads(line)
         except json.JSONDecodeError as err:
-            raise InputError(f"not JSON ({err.msg} at column {err.colno})", file=label, line=number,
-                              fix=fix) from None
+            raise InputError(f"not JSON ({err.msg} at column {err.colno})", file=label, line=number, fix=fix) from None
         except RecursionError:
             raise InputError("nested too deeply to be a record", file=label, line=number, fix=fix) from None
         if not isinstance(value, dict):
@@ -205,21 +205,30 @@ def load_benchmarks(path: Path, label: str) -> list[Measurement]:
         config = record.get("config")
         # Launch agents (benchmarks/suite.py --nodes) split one host's GPUs between them.
         agents = record.get("nodes") if type(record.get("nodes")) is int and record.get("nodes") > 0 else 1
-        predicted = (predict_measured(config, world_size, world_size // agents, device, one_host=True)
-                     if isinstance(config, dict) else None)
-        out.append(Measurement(
-            series=_text(record, "name", at),
-            world_size=world_size,
-            tokens_per_s_per_gpu=_number(record, "tokens_per_s_per_gpu", at, positive=True),
-            mfu=_number(record, "mfu", at, positive=False),
-            step_time_s=_number(record, "median_step_time_s", at, positive=True),
-            peak_mem_gib=(_number(record, "peak_allocated_gib", at, positive=False)
-                          if "peak_allocated_gib" in record else None),
-            source=f"{label}:{line}",
-            device=device,
-            command=_text(record, "command", at),
-            configuration=configuration_of(config), predicted_tokens_per_s_per_gpu=predicted,
-        ))
+        predicted = (
+            predict_measured(config, world_size, world_size // agents, device, one_host=True)
+            if isinstance(config, dict)
+            else None
+        )
+        out.append(
+            Measurement(
+                series=_text(record, "name", at),
+                world_size=world_size,
+                tokens_per_s_per_gpu=_number(record, "tokens_per_s_per_gpu", at, positive=True),
+                mfu=_number(record, "mfu", at, positive=False),
+                step_time_s=_number(record, "median_step_time_s", at, positive=True),
+                peak_mem_gib=(
+                    _number(record, "peak_allocated_gib", at, positive=False)
+                    if "peak_allocated_gib" in record
+                    else None
+                ),
+                source=f"{label}:{line}",
+                device=device,
+                command=_text(record, "command", at),
+                configuration=configuration_of(config),
+                predicted_tokens_per_s_per_gpu=predicted,
+            )
+        )
     return out
 
 
@@ -229,15 +238,19 @@ def load_run(path: Path, label: str, warmup_logs: int) -> Measurement:
     metrics_label = os.path.join(label, "metrics.jsonl") if path.is_dir() else label
     info_label = os.path.join(os.path.dirname(metrics_label), "run.json")
     if not metrics_path.is_file():
-        raise InputError("no metrics.jsonl in this directory", file=label,
-                          fix=RUN_FIX + ", or the benchmark JSON-lines files themselves")
+        raise InputError(
+            "no metrics.jsonl in this directory",
+            file=label,
+            fix=RUN_FIX + ", or the benchmark JSON-lines files themselves",
+        )
 
     info_text = _read_text(metrics_path.parent / "run.json", info_label, RUN_FIX)
     try:
         info = json.loads(info_text)
     except json.JSONDecodeError as err:
-        raise InputError(f"not JSON ({err.msg} at column {err.colno})", file=info_label, line=err.lineno,
-                          fix=RUN_FIX) from None
+        raise InputError(
+            f"not JSON ({err.msg} at column {err.colno})", file=info_label, line=err.lineno, fix=RUN_FIX
+        ) from None
     except RecursionError:
         raise InputError("nested too deeply to be run information", file=info_label, fix=RUN_FIX) from None
     if not isinstance(info, dict):
@@ -250,8 +263,11 @@ def load_run(path: Path, label: str, warmup_logs: int) -> Measurement:
         series += f" (shard groups of {_int(info, 'mesh.shard', at_info)})"
     device = info.get("device_name")
     local = info.get("local_world_size")
-    predicted = (predict_measured(info["config"], world_size, local, device)
-                 if type(local) is int and isinstance(device, str) and isinstance(info.get("config"), dict) else None)
+    predicted = (
+        predict_measured(info["config"], world_size, local, device)
+        if type(local) is int and isinstance(device, str) and isinstance(info.get("config"), dict)
+        else None
+    )
 
     kept: list[tuple[float, float, float, float]] = []
     previous: tuple[int, int] | None = None
@@ -263,12 +279,18 @@ def load_run(path: Path, label: str, warmup_logs: int) -> Measurement:
         restart = _int(record, "restart_count", at, minimum=0)
         logged_world = _int(record, "world_size", at)
         if logged_world != world_size:
-            raise _fail(at, "world_size", f"is {logged_world} but {info_label} says {world_size} (a launch at "
-                                          "another size shares this directory)")
-        figures = (_number(record, "tokens_per_s_per_gpu", at, positive=True),
-                   _number(record, "mfu", at, positive=False),
-                   _number(record, "step_time_s", at, positive=True),
-                   _number(record, "peak_mem_gib", at, positive=False))
+            raise _fail(
+                at,
+                "world_size",
+                f"is {logged_world} but {info_label} says {world_size} (a launch at "
+                "another size shares this directory)",
+            )
+        figures = (
+            _number(record, "tokens_per_s_per_gpu", at, positive=True),
+            _number(record, "mfu", at, positive=False),
+            _number(record, "step_time_s", at, positive=True),
+            _number(record, "peak_mem_gib", at, positive=False),
+        )
         if previous is None or restart != previous[1] or step <= previous[0]:
             launches += 1
             since_launch = 0
@@ -279,16 +301,25 @@ def load_run(path: Path, label: str, warmup_logs: int) -> Measurement:
     if not kept:
         raise InputError(
             f"all {len(records)} logged steps ({launches} launch(es)) are warm-up with --warmup-logs {warmup_logs}",
-            file=metrics_label, key="step", fix="train more steps or log more often, or lower --warmup-logs")
+            file=metrics_label,
+            key="step",
+            fix="train more steps or log more often, or lower --warmup-logs",
+        )
     columns = list(zip(*kept))
     return Measurement(
-        series=series, world_size=world_size,
-        tokens_per_s_per_gpu=statistics.median(columns[0]), mfu=statistics.median(columns[1]),
-        step_time_s=statistics.median(columns[2]), peak_mem_gib=statistics.median(columns[3]),
-        source=label, device=device if isinstance(device, str) else "", command="",
-        note=f"median of {len(kept)} logged steps after {warmup_logs} warm-up logs per launch "
-             f"({launches} launch(es))",
-        configuration=configuration_of(info["config"]), predicted_tokens_per_s_per_gpu=predicted)
+        series=series,
+        world_size=world_size,
+        tokens_per_s_per_gpu=statistics.median(columns[0]),
+        mfu=statistics.median(columns[1]),
+        step_time_s=statistics.median(columns[2]),
+        peak_mem_gib=statistics.median(columns[3]),
+        source=label,
+        device=device if isinstance(device, str) else "",
+        command="",
+        note=f"median of {len(kept)} logged steps after {warmup_logs} warm-up logs per launch ({launches} launch(es))",
+        configuration=configuration_of(info["config"]),
+        predicted_tokens_per_s_per_gpu=predicted,
+    )
 
 
 def load(inputs: Sequence[str], warmup_logs: int) -> list[Measurement]:
@@ -345,19 +376,24 @@ def summarise(measurements: Sequence[Measurement], baseline_world_size: int | No
             raise InputError(
                 f"series {name!r} has no measurement at {baseline} GPUs (it has {', '.join(map(str, sizes))})",
                 key="--baseline-world-size",
-                fix="leave the option out (each series' smallest world size) or add a run at that size")
+                fix="leave the option out (each series' smallest world size) or add a run at that size",
+            )
         per_gpu = {size: statistics.median(m.tokens_per_s_per_gpu for m in groups[(name, size)]) for size in sizes}
         for size in sizes:
             group = groups[(name, size)]
-            points.append(Point(
-                series=name, world_size=size, tokens_per_s_per_gpu=per_gpu[size],
-                tokens_per_s=per_gpu[size] * size,
-                mfu=statistics.median(m.mfu for m in group),
-                step_time_s=statistics.median(m.step_time_s for m in group),
-                peak_mem_gib=_median_or_none([m.peak_mem_gib for m in group]),
-                efficiency=per_gpu[size] / per_gpu[baseline], baseline_world_size=baseline,
-                measurements=tuple(group),
-                predicted_tokens_per_s_per_gpu=_median_or_none([m.predicted_tokens_per_s_per_gpu for m in group])))
+            points.append(
+                Point(
+                    series=name,
+                    world_size=size,
+                    tokens_per_s_per_gpu=per_gpu[size],
+                    tokens_per_s=per_gpu[size] * size,
+                    mfu=statistics.median(m.mfu for m in group),
+                    step_time_s=statistics.median(m.step_time_s for m in group),
+                    peak_mem_gib=_median_or_none([m.peak_mem_gib for m in group]),
+                    efficiency=per_gpu[size] / per_gpu[baseline],
+                    baseline_world_size=baseline,
+                    measurements=tuple(group),
+                    predicted_tokens_per_s_per_gpu=_median_or_none([m.predicted_tokens_per_s_per_gpu for m in group]),
+                )
+            )
     return points
-
-

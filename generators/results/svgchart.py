@@ -6,17 +6,17 @@ here, series drawn in the order given). Each series is one `<g class="series">` 
 `<polyline>` through its points, a circle per point, optionally a dashed ideal-scaling `<line>` and a
 text label per point; a legend on the right names the series in the same colours.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 from xml.sax.saxutils import escape, quoteattr
 
 # Tableau 10: distinguishable colours that also survive greyscale printing reasonably. Past ten
 # series the colours repeat with another dash pattern, so no two series look the same.
-PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
-           "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac")
+PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac")
 DASHES = ("", "6 3", "2 2", "8 3 2 3")
 
 PLOT_W, PLOT_H = 560, 320
@@ -65,8 +65,9 @@ def nice_ticks(top: float) -> list[float]:
     return [i * step for i in range(count + 1)]
 
 
-def line_chart(series: Sequence[Series], *, title: str, x_label: str, y_label: str,
-               y_tick: Callable[[float], str]) -> str:
+def line_chart(
+    series: Sequence[Series], *, title: str, x_label: str, y_label: str, y_tick: Callable[[float], str]
+) -> str:
     """The SVG document (text) for `series`; y_tick formats a y value for the axis."""
     if not series:
         raise ValueError("a chart needs at least one series")
@@ -116,15 +117,18 @@ def line_chart(series: Sequence[Series], *, title: str, x_label: str, y_label: s
     out.append("</g>")
     out.append(f'<text x="{_f(LEFT + PLOT_W / 2)}" y="{bottom + 42}" text-anchor="middle">{escape(x_label)}</text>')
     mid = _f(TOP + PLOT_H / 2)
-    out.append(f'<text x="18" y="{mid}" text-anchor="middle" transform="rotate(-90 18 {mid})">'
-               f"{escape(y_label)}</text>")
+    out.append(f'<text x="18" y="{mid}" text-anchor="middle" transform="rotate(-90 18 {mid})">{escape(y_label)}</text>')
 
     # Labels at one x sit at least a line apart (top to bottom in value order), so close series
     # keep readable labels.
     label_y: dict[tuple[int, int], float] = {}
     for gpu in gpus:
-        wanted = sorted((py(v) - 7, i, j) for i, s in enumerate(series)
-                        for j, ((x, v), label) in enumerate(zip(s.points, s.labels)) if x == gpu and label)
+        wanted = sorted(
+            (py(v) - 7, i, j)
+            for i, s in enumerate(series)
+            for j, ((x, v), label) in enumerate(zip(s.points, s.labels))
+            if x == gpu and label
+        )
         floor = -math.inf
         for y, i, j in wanted:
             label_y[(i, j)] = floor = max(y, floor + LABEL_GAP)
@@ -135,31 +139,40 @@ def line_chart(series: Sequence[Series], *, title: str, x_label: str, y_label: s
         xs = [x for x, _ in s.points]
         if s.ideal is not None and xs[0] != xs[-1]:
             # Perfect scaling keeps the per-GPU figure flat: a dashed line at the baseline value.
-            out.append(f'<line class="ideal" x1="{_f(px(xs[0]))}" y1="{_f(py(s.ideal))}" x2="{_f(px(xs[-1]))}" '
-                       f'y2="{_f(py(s.ideal))}" stroke-width="1" stroke-dasharray="3 4" opacity="0.7"/>')
+            out.append(
+                f'<line class="ideal" x1="{_f(px(xs[0]))}" y1="{_f(py(s.ideal))}" x2="{_f(px(xs[-1]))}" '
+                f'y2="{_f(py(s.ideal))}" stroke-width="1" stroke-dasharray="3 4" opacity="0.7"/>'
+            )
         coords = " ".join(f"{_f(px(x))},{_f(py(v))}" for x, v in s.points)
         out.append(f'<polyline class="measured" points="{coords}" fill="none" stroke-width="2"{dash_attr}/>')
         for x, v in s.points:
             out.append(f'<circle cx="{_f(px(x))}" cy="{_f(py(v))}" r="3.5" fill={quoteattr(marker_fill)}/>')
         for j, ((x, v), label) in enumerate(zip(s.points, s.labels)):
             if label:
-                out.append(f'<text x="{_f(px(x) + 6)}" y="{_f(label_y[(index, j)])}" fill={quoteattr(colour)} '
-                           f'stroke="none">{escape(label)}</text>')
+                out.append(
+                    f'<text x="{_f(px(x) + 6)}" y="{_f(label_y[(index, j)])}" fill={quoteattr(colour)} '
+                    f'stroke="none">{escape(label)}</text>'
+                )
         out.append("</g>")
 
     out.append('<g class="legend">')
     for index, s in enumerate(series):
         colour, dash_attr, marker_fill = _style(index)
         y = TOP + LEGEND_ROW * index + 6
-        out.append(f'<line x1="{legend_x}" y1="{y}" x2="{legend_x + 24}" y2="{y}" stroke={quoteattr(colour)} '
-                   f'stroke-width="2"{dash_attr}/>')
-        out.append(f'<circle cx="{legend_x + 12}" cy="{y}" r="3.5" fill={quoteattr(marker_fill)} '
-                   f'stroke={quoteattr(colour)}/>')
+        out.append(
+            f'<line x1="{legend_x}" y1="{y}" x2="{legend_x + 24}" y2="{y}" stroke={quoteattr(colour)} '
+            f'stroke-width="2"{dash_attr}/>'
+        )
+        out.append(
+            f'<circle cx="{legend_x + 12}" cy="{y}" r="3.5" fill={quoteattr(marker_fill)} stroke={quoteattr(colour)}/>'
+        )
         out.append(f'<text x="{legend_x + 30}" y="{y + 4}">{escape(s.name)}</text>')
     if any(s.ideal is not None and s.points[0][0] != s.points[-1][0] for s in series):
         y = TOP + LEGEND_ROW * len(series) + 6
-        out.append(f'<line x1="{legend_x}" y1="{y}" x2="{legend_x + 24}" y2="{y}" stroke="#333333" '
-                   'stroke-width="1" stroke-dasharray="3 4"/>')
+        out.append(
+            f'<line x1="{legend_x}" y1="{y}" x2="{legend_x + 24}" y2="{y}" stroke="#333333" '
+            'stroke-width="1" stroke-dasharray="3 4"/>'
+        )
         out.append(f'<text x="{legend_x + 30}" y="{y + 4}">ideal scaling</text>')
     out.append("</g>")
     out.append("</svg>")

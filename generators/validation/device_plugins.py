@@ -20,11 +20,13 @@ Device plugins are recognised by image repository (ADVERTISERS), not by a label 
 claim; a plugin installed some other way (a HelmRelease, the GPU operator) is invisible here and the
 rule reports the resource as not advertised.
 """
+
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from generators.validation.manifests import Doc, Problem, gvk, meta, obj_name
 from generators.validation.readability import pod_specs
@@ -82,14 +84,19 @@ def selects(pod: Mapping[str, Any], node: Node) -> bool:
     """The scheduler's predicates that depend on the pod and the node's labels and taints alone."""
     if any(node.labels.get(k) != str(v) for k, v in (pod.get("nodeSelector") or {}).items()):
         return False
-    required = (((pod.get("affinity") or {}).get("nodeAffinity") or {})
-                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    required = ((pod.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
     terms = required.get("nodeSelectorTerms")
-    if terms and not any(all(_expression_matches(e, node.labels) for e in t.get("matchExpressions") or [])
-                         for t in terms):
+    if terms and not any(
+        all(_expression_matches(e, node.labels) for e in t.get("matchExpressions") or []) for t in terms
+    ):
         return False
-    return all(_tolerates(pod.get("tolerations") or [], t) for t in node.taints
-               if t.get("effect") in ("NoSchedule", "NoExecute"))
+    return all(
+        _tolerates(pod.get("tolerations") or [], t)
+        for t in node.taints
+        if t.get("effect") in ("NoSchedule", "NoExecute")
+    )
 
 
 def cluster_of(path: str) -> tuple[str, str] | None:
@@ -111,14 +118,23 @@ def nodes_from_provisioning(docs: Iterable[Doc]) -> list[Node]:
                     labels = {**{k: str(v) for k, v in (ng.get("labels") or {}).items()}, INSTANCE_TYPE_LABEL: t}
                     nodes.append(Node(f"{d.file}: node group {ng.get('name')}", labels, tuple(ng.get("taints") or [])))
         elif gvk(data) == ("karpenter.sh", "NodePool"):
-            spec = ((data.get("spec") or {}).get("template") or {})
+            spec = (data.get("spec") or {}).get("template") or {}
             labels = {k: str(v) for k, v in ((spec.get("metadata") or {}).get("labels") or {}).items()}
             s = spec.get("spec") or {}
-            types = [v for r in s.get("requirements") or [] if r.get("key") == INSTANCE_TYPE_LABEL
-                     and r.get("operator") == "In" for v in r.get("values") or []]
+            types = [
+                v
+                for r in s.get("requirements") or []
+                if r.get("key") == INSTANCE_TYPE_LABEL and r.get("operator") == "In"
+                for v in r.get("values") or []
+            ]
             for t in types:
-                nodes.append(Node(f"{d.file}: NodePool {meta(data, 'name')}", {**labels, INSTANCE_TYPE_LABEL: t},
-                                  tuple(s.get("taints") or [])))
+                nodes.append(
+                    Node(
+                        f"{d.file}: NodePool {meta(data, 'name')}",
+                        {**labels, INSTANCE_TYPE_LABEL: t},
+                        tuple(s.get("taints") or []),
+                    )
+                )
     return nodes
 
 
@@ -146,8 +162,9 @@ def plugins(docs: Iterable[Doc]) -> list[tuple[str, str, Mapping[str, Any]]]:
     return out
 
 
-def check_device_plugins(units: Sequence[tuple[str, Sequence[Doc]]],
-                         provisioning: Mapping[str, Sequence[Doc]]) -> list[Problem]:
+def check_device_plugins(
+    units: Sequence[tuple[str, Sequence[Doc]]], provisioning: Mapping[str, Sequence[Doc]]
+) -> list[Problem]:
     """`units`: (path, documents) of every build and manifest file; `provisioning`: file -> documents of
     the files under provisioning/ (eksctl and Karpenter, which are not cluster objects)."""
     jobs: dict[str, list[Doc]] = {}
@@ -178,23 +195,37 @@ def check_device_plugins(units: Sequence[tuple[str, Sequence[Doc]]],
                     continue
                 chosen = [n for n in nodes[cluster] if selects(pod, n)]
                 if not chosen:
-                    problems.append(Problem(d.file, d.line, obj_name(d.data),
-                                            f"selects no node of cluster {cluster} (node selector "
-                                            f"{pod.get('nodeSelector') or {}}, tolerations "
-                                            f"{[t.get('key') for t in pod.get('tolerations') or []]}); fix: pin an "
-                                            f"instance type the cluster provisions and tolerate its taints"))
+                    problems.append(
+                        Problem(
+                            d.file,
+                            d.line,
+                            obj_name(d.data),
+                            f"selects no node of cluster {cluster} (node selector "
+                            f"{pod.get('nodeSelector') or {}}, tolerations "
+                            f"{[t.get('key') for t in pod.get('tolerations') or []]}); fix: pin an "
+                            f"instance type the cluster provisions and tolerate its taints",
+                        )
+                    )
                     continue
                 for resource in sorted(wanted):
                     for node in chosen:
                         if not any(r == resource and selects(p, node) for r, _, p in advertisers):
                             names = [n for r, n, _ in advertisers if r == resource]
-                            problems.append(Problem(
-                                d.file, d.line, obj_name(d.data),
-                                f"requests {resource}, but no device plugin DaemonSet in cluster {cluster}'s "
-                                f"infrastructure runs on {node.source} (labels {dict(node.labels)}, taints "
-                                f"{[t.get('key') for t in node.taints]}): "
-                                + (f"{', '.join(names)} does not tolerate its taints or select its labels"
-                                   if names else "none advertises it")
-                                + "; the job would stay Pending. Fix: base/device-plugins (tolerations, "
-                                  "instance types)"))
+                            problems.append(
+                                Problem(
+                                    d.file,
+                                    d.line,
+                                    obj_name(d.data),
+                                    f"requests {resource}, but no device plugin DaemonSet in cluster {cluster}'s "
+                                    f"infrastructure runs on {node.source} (labels {dict(node.labels)}, taints "
+                                    f"{[t.get('key') for t in node.taints]}): "
+                                    + (
+                                        f"{', '.join(names)} does not tolerate its taints or select its labels"
+                                        if names
+                                        else "none advertises it"
+                                    )
+                                    + "; the job would stay Pending. Fix: base/device-plugins (tolerations, "
+                                    "instance types)",
+                                )
+                            )
     return problems

@@ -14,22 +14,51 @@ Sources declared in the bootstrap directory itself are this repository (Flux boo
 repository's GitRepository there); sources that synced overlays declare point at other repositories
 (the Training Operator's manifests, Helm charts), whose paths cannot be checked offline.
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from generators.validation.index import RepoIndex
-from generators.validation.manifests import (FLUX_KUSTOMIZATION, FLUX_SOURCE_GROUP, HELM_RELEASE, Doc, Problem, gvk,
-                                             meta, norm, obj_name)
+from generators.validation.manifests import (
+    FLUX_KUSTOMIZATION,
+    FLUX_SOURCE_GROUP,
+    HELM_RELEASE,
+    Doc,
+    Problem,
+    gvk,
+    meta,
+    norm,
+    obj_name,
+)
 
 # Kinds without a namespace: a Kustomization's targetNamespace leaves them alone.
-CLUSTER_SCOPED_KINDS = frozenset({
-    "Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "PersistentVolume",
-    "StorageClass", "PriorityClass", "RuntimeClass", "IngressClass", "CSIDriver", "APIService",
-    "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration", "ClusterQueue", "ResourceFlavor",
-    "WorkloadPriorityClass", "NodePool", "EC2NodeClass", "NodeClaim", "ClusterPolicy",
-})
+CLUSTER_SCOPED_KINDS = frozenset(
+    {
+        "Namespace",
+        "CustomResourceDefinition",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "PersistentVolume",
+        "StorageClass",
+        "PriorityClass",
+        "RuntimeClass",
+        "IngressClass",
+        "CSIDriver",
+        "APIService",
+        "ValidatingWebhookConfiguration",
+        "MutatingWebhookConfiguration",
+        "ClusterQueue",
+        "ResourceFlavor",
+        "WorkloadPriorityClass",
+        "NodePool",
+        "EC2NodeClass",
+        "NodeClaim",
+        "ClusterPolicy",
+    }
+)
 
 ObjectId = tuple[str, str, str, str]  # group, kind, namespace, name
 
@@ -66,8 +95,12 @@ def object_id(data: Mapping[str, Any]) -> ObjectId:
 
 def source_id(ref: Any, default_ns: str) -> ObjectId:
     ref = ref if isinstance(ref, dict) else {}
-    return (FLUX_SOURCE_GROUP, str(ref.get("kind") or ""), str(ref.get("namespace") or default_ns),
-            str(ref.get("name") or ""))
+    return (
+        FLUX_SOURCE_GROUP,
+        str(ref.get("kind") or ""),
+        str(ref.get("namespace") or default_ns),
+        str(ref.get("name") or ""),
+    )
 
 
 def check_flux(repo: RepoIndex, roots: Sequence[str], kustomize: str) -> tuple[list[Problem], int]:
@@ -114,9 +147,13 @@ class FluxGraph:
             for o in ready:
                 self._follow(o)
         for o in waiting:
-            self.problems.append(o.problem(f"sourceRef {'/'.join(self._source(o)[1:])} is not defined in "
-                                           f"{self.root_dir} or in what it applies; define the source or fix the "
-                                           "reference"))
+            self.problems.append(
+                o.problem(
+                    f"sourceRef {'/'.join(self._source(o)[1:])} is not defined in "
+                    f"{self.root_dir} or in what it applies; define the source or fix the "
+                    "reference"
+                )
+            )
         self.releases = {o.key: o for o in self.objects if gvk(o.data) == HELM_RELEASE}
 
     @staticmethod
@@ -135,21 +172,27 @@ class FluxGraph:
         if d == self.root_dir:
             return  # the sync that `flux bootstrap` commits (flux-system/gotk-sync.yaml): the bootstrap itself
         if d not in self.repo.dirs:
-            self.problems.append(o.problem(f"spec.path {path} does not exist in the repository; fix the path or "
-                                           "generate the overlay"))
+            self.problems.append(
+                o.problem(f"spec.path {path} does not exist in the repository; fix the path or generate the overlay")
+            )
             return
         if d in self.repo.kfiles:
             if self.repo.is_component(d):
-                self.problems.append(o.problem(f"spec.path {path} is a kustomize Component, which cannot be "
-                                               "applied alone"))
+                self.problems.append(
+                    o.problem(f"spec.path {path} is a kustomize Component, which cannot be applied alone")
+                )
                 return
             build = self.repo.get_build(d, self.kustomize)
             if build.error:
                 self.problems.append(o.problem(f"spec.path {path} does not build: {build.error}"))
                 return
             # Name the file a Flux object comes from, not only the overlay that built it.
-            docs = [Doc(x.data, self.repo.origin(build, str(x.data.get("kind")), meta(x.data, "name")), x.line)
-                    if _is_flux(x.data) else x for x in build.docs]
+            docs = [
+                Doc(x.data, self.repo.origin(build, str(x.data.get("kind")), meta(x.data, "name")), x.line)
+                if _is_flux(x.data)
+                else x
+                for x in build.docs
+            ]
         else:
             docs = self.repo.plain_dir_docs(d, self.kustomize)
         target_ns = spec.get("targetNamespace")
@@ -176,9 +219,13 @@ class FluxGraph:
                     if target in graph:
                         edges[key].append(target)
                     else:
-                        problems.append(o.problem(f"dependsOn {kind} {target[0]}/{target[1]} does not exist in "
-                                                  f"{self.root_dir} or in what it applies; fix the name or remove "
-                                                  "the dependency"))
+                        problems.append(
+                            o.problem(
+                                f"dependsOn {kind} {target[0]}/{target[1]} does not exist in "
+                                f"{self.root_dir} or in what it applies; fix the name or remove "
+                                "the dependency"
+                            )
+                        )
             for cycle in find_cycles(edges):
                 names = " -> ".join(k[1] for k in cycle + [cycle[0]])
                 problems.append(graph[cycle[0]].problem(f"dependsOn cycle: {names}; remove one of these dependencies"))
@@ -193,8 +240,12 @@ class FluxGraph:
                     continue
                 src = source_id(ref, o.ns)
                 if src not in self.sources:
-                    problems.append(o.problem(f"chart source {'/'.join(src[1:])} is not defined in {self.root_dir} "
-                                              "or in what it applies; define the source or fix the reference"))
+                    problems.append(
+                        o.problem(
+                            f"chart source {'/'.join(src[1:])} is not defined in {self.root_dir} "
+                            "or in what it applies; define the source or fix the reference"
+                        )
+                    )
         return problems
 
     def check_owners(self) -> list[Problem]:
@@ -235,7 +286,7 @@ def find_cycles(edges: Mapping[Any, Sequence[Any]]) -> list[list[Any]]:
         stack.append(n)
         for m in edges.get(n, ()):
             if state.get(m) == 1:
-                cycle = stack[stack.index(m):]
+                cycle = stack[stack.index(m) :]
                 k = cycle.index(min(cycle))
                 cycle = cycle[k:] + cycle[:k]
                 if cycle not in cycles:

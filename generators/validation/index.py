@@ -5,6 +5,7 @@ Files are the ones git knows about (tracked, or untracked and not ignored). A ku
 with `kustomize build --load-restrictor=LoadRestrictionsNone`, as kustomize-controller builds it
 (BUILD_JOBS at a time); a Component is built through an empty parent, as a user would.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -12,9 +13,10 @@ import json
 import os
 import subprocess
 import tempfile
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import yaml
 
@@ -42,23 +44,35 @@ class Build:
 def repo_files(root: Path) -> list[str]:
     """Files git knows about under root: tracked (and present) or untracked and not ignored."""
     try:
-        out = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                             capture_output=True, check=True).stdout
+        out = subprocess.run(
+            ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            capture_output=True,
+            check=True,
+        ).stdout
     except (OSError, subprocess.CalledProcessError) as e:
-        raise InputError(f"not a git work tree ({e})", file=str(root), fix="validate a checkout of the repository") from e
+        raise InputError(
+            f"not a git work tree ({e})", file=str(root), fix="validate a checkout of the repository"
+        ) from e
     names = sorted({n for n in out.decode().split("\0") if n})
     return [n for n in names if (root / n).is_file()]
 
 
 def kustomization_refs(k: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     """(resources and bases, components and every other path a kustomization reads), as written in it."""
+
     def strings(v: Any) -> list[str]:
         return [x for x in v if isinstance(x, str)] if isinstance(v, list) else []
 
     resources = strings(k.get("resources")) + strings(k.get("bases"))
     components = strings(k.get("components"))
-    files: list[str] = strings(k.get("crds")) + strings(k.get("configurations")) + strings(k.get("transformers")) \
-        + strings(k.get("generators")) + strings(k.get("validators")) + strings(k.get("patchesStrategicMerge"))
+    files: list[str] = (
+        strings(k.get("crds"))
+        + strings(k.get("configurations"))
+        + strings(k.get("transformers"))
+        + strings(k.get("generators"))
+        + strings(k.get("validators"))
+        + strings(k.get("patchesStrategicMerge"))
+    )
     for key in ("patches", "patchesJson6902", "replacements"):
         for p in k.get(key) or []:
             if isinstance(p, dict) and isinstance(p.get("path"), str):
@@ -83,8 +97,9 @@ class RepoIndex:
     def __init__(self, root: Path, files: Sequence[str]):
         self.root = root
         self.files = list(files)
-        self.yaml_files = [f for f in self.files
-                           if f.endswith(YAML_SUFFIXES) or PurePosixPath(f).name == "Kustomization"]
+        self.yaml_files = [
+            f for f in self.files if f.endswith(YAML_SUFFIXES) or PurePosixPath(f).name == "Kustomization"
+        ]
         self.docs: dict[str, list[Doc]] = {}
         self.kfiles: dict[str, str] = {}  # kustomization dir -> its kustomization file
         self.builds: dict[str, Build] = {}
@@ -153,7 +168,8 @@ class RepoIndex:
             with tempfile.TemporaryDirectory() as tmp:
                 Path(tmp, "kustomization.yaml").write_text(
                     f"apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\ncomponents:\n"
-                    f"  - {json.dumps(os.path.relpath(self.root / d, tmp))}\n")  # kustomize wants it relative
+                    f"  - {json.dumps(os.path.relpath(self.root / d, tmp))}\n"
+                )  # kustomize wants it relative
                 proc = _kustomize(kustomize, tmp)
         else:
             proc = _kustomize(kustomize, str(self.root / d))
@@ -207,14 +223,19 @@ class RepoIndex:
             seen.add(d)
             dirs, files = self.local_refs(d)
             own = self.yaml_in_dir.get(d, []) + files
-            candidates += [x for f in own for x in self.docs.get(f, [])
-                           if (isinstance(x.data, dict) and x.data.get("kind") == kind) or _is_json_patch(x.data)]
+            candidates += [
+                x
+                for f in own
+                for x in self.docs.get(f, [])
+                if (isinstance(x.data, dict) and x.data.get("kind") == kind) or _is_json_patch(x.data)
+            ]
             queue.extend(dirs)
         for x in candidates:
             if any(_holds(x.data, p) for p in paths):
                 return x.file
-        return next((x.file for x in candidates if isinstance(x.data, dict) and meta(x.data, "name") == name),
-                    build.file)
+        return next(
+            (x.file for x in candidates if isinstance(x.data, dict) and meta(x.data, "name") == name), build.file
+        )
 
 
 def _is_json_patch(data: Any) -> bool:
@@ -226,8 +247,12 @@ def _holds(data: Any, keys: Sequence[str]) -> bool:
     if _is_json_patch(data):
         for op in data:
             at = [k.replace("~1", "/").replace("~0", "~") for k in str(op.get("path", "")).split("/")[1:]]
-            if "value" in op and len(at) <= len(keys) and all(a in (k, "-") for a, k in zip(at, keys)) \
-                    and _holds(op["value"], keys[len(at):]):
+            if (
+                "value" in op
+                and len(at) <= len(keys)
+                and all(a in (k, "-") for a, k in zip(at, keys))
+                and _holds(op["value"], keys[len(at) :])
+            ):
                 return True
         return False
     for k in keys:
@@ -241,5 +266,6 @@ def _holds(data: Any, keys: Sequence[str]) -> bool:
 
 
 def _kustomize(kustomize: str, path: str) -> subprocess.CompletedProcess:
-    return subprocess.run([kustomize, "build", "--load-restrictor=LoadRestrictionsNone", path],
-                          capture_output=True, text=True)
+    return subprocess.run(
+        [kustomize, "build", "--load-restrictor=LoadRestrictionsNone", path], capture_output=True, text=True
+    )

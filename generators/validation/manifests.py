@@ -4,15 +4,17 @@ Shared by every step of the validation (generators/validation/). The documents c
 strict YAML reader, generators/core/yamlio.py (a duplicate key is an error, as it is for kustomize and
 the API server).
 """
+
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import yaml
 
-from generators.core.yamlio import Doc, error_position
+from generators.core.yamlio import error_position
 
 # (group, kind) of the objects the checks look into.
 FLUX_KUSTOMIZATION = ("kustomize.toolkit.fluxcd.io", "Kustomization")

@@ -3,26 +3,45 @@
 Each step appends Problems. The semantic checks on objects are a list of functions (OBJECT_CHECKS): a
 new rule is a function `check(docs, blame) -> list[Problem]` added to that list, in its own module.
 """
+
 from __future__ import annotations
 
 import re
 import subprocess
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
-from typing import Callable, Iterable, Mapping, Sequence
 
 from generators.core.errors import InputError
 from generators.core.gotools import REPO_ROOT, tool
 from generators.validation.device_plugins import check_device_plugins
 from generators.validation.fluxgraph import check_flux
 from generators.validation.index import Build, RepoIndex, repo_files
-from generators.validation.manifests import FLUX_KUSTOMIZATION, Doc, Problem, gvk, is_manifest, meta, norm, obj_name, under
-from generators.validation.schemas import (CORE_SCHEMA_TEMPLATE, CRD_SCHEMA_TEMPLATE, CRD_SCHEMAS_ENV, K8S_VERSION,
-                                           NON_CLUSTER_SCHEMAS, SCHEMA_CACHE, Unit, kubeconform_units,
-                                           prepare_core_schemas)
+from generators.validation.manifests import (
+    FLUX_KUSTOMIZATION,
+    Doc,
+    Problem,
+    gvk,
+    is_manifest,
+    meta,
+    norm,
+    obj_name,
+    under,
+)
 from generators.validation.podsecurity import check_pod_security
 from generators.validation.readability import check_readability
+from generators.validation.schemas import (
+    CORE_SCHEMA_TEMPLATE,
+    CRD_SCHEMA_TEMPLATE,
+    CRD_SCHEMAS_ENV,
+    K8S_VERSION,
+    NON_CLUSTER_SCHEMAS,
+    SCHEMA_CACHE,
+    Unit,
+    kubeconform_units,
+    prepare_core_schemas,
+)
 from generators.validation.semantics import Blame, check_jobs, check_objects
 
 # Checks run on the documents of every unit (one kustomize build, or one plain manifest file); `blame`
@@ -44,14 +63,22 @@ class Report:
     seconds: float = 0.0
 
 
-def validate(root: Path, paths: Sequence[str] = (), *, crd_dir: Path, k8s_version: str = K8S_VERSION,
-             non_cluster: Mapping[tuple[str, str], str | None] = NON_CLUSTER_SCHEMAS,
-             schema_cache: Path = SCHEMA_CACHE) -> Report:
+def validate(
+    root: Path,
+    paths: Sequence[str] = (),
+    *,
+    crd_dir: Path,
+    k8s_version: str = K8S_VERSION,
+    non_cluster: Mapping[tuple[str, str], str | None] = NON_CLUSTER_SCHEMAS,
+    schema_cache: Path = SCHEMA_CACHE,
+) -> Report:
     """Validate the checkout at `root`, or what lies under `paths` (relative to root)."""
     start = time.monotonic()
     if not crd_dir.is_dir():
-        raise InputError(f"--crd-schemas {crd_dir}: not a directory; point it at a CRD schema folder in the "
-                         f"{{group}}/{{kind}}_{{version}}.json layout (or set {CRD_SCHEMAS_ENV})")
+        raise InputError(
+            f"--crd-schemas {crd_dir}: not a directory; point it at a CRD schema folder in the "
+            f"{{group}}/{{kind}}_{{version}}.json layout (or set {CRD_SCHEMAS_ENV})"
+        )
     kustomize = tool("kustomize")
     core = prepare_core_schemas(k8s_version, schema_cache)
     scope = [norm(p) for p in paths] or [""]
@@ -66,21 +93,32 @@ def validate(root: Path, paths: Sequence[str] = (), *, crd_dir: Path, k8s_versio
 
     # 2. Build every kustomization in scope (Components only where nothing uses them).
     used_as_base = {r for d in repo.kfiles for r in repo.local_refs(d)[0]}
-    to_build = sorted(d for d in repo.kfiles if in_scope(repo.kfiles[d])
-                      and not (repo.is_component(d) and d in used_as_base))
+    to_build = sorted(
+        d for d in repo.kfiles if in_scope(repo.kfiles[d]) and not (repo.is_component(d) and d in used_as_base)
+    )
     repo.build_all(to_build, kustomize)
     for d in to_build:
         b = repo.builds[d]
         if b.error:
-            problems.append(Problem(b.file, 0, f"{repo.kustomization(d).get('kind', 'Kustomization')}/{d}",
-                                    f"kustomize build failed: {b.error}"))
+            problems.append(
+                Problem(
+                    b.file,
+                    0,
+                    f"{repo.kustomization(d).get('kind', 'Kustomization')}/{d}",
+                    f"kustomize build failed: {b.error}",
+                )
+            )
 
     # 3. Schemas: builds as kustomize printed them, plain manifest files as written.
     inputs = repo.input_files()
-    plain = [f for f in repo.yaml_files if f not in inputs and in_scope(f)
-             and any(is_manifest(x.data) for x in repo.docs.get(f, []))]
-    units = [Unit(d, repo.builds[d].docs, repo.builds[d], repo.builds[d].text) for d in to_build
-             if not repo.builds[d].error]
+    plain = [
+        f
+        for f in repo.yaml_files
+        if f not in inputs and in_scope(f) and any(is_manifest(x.data) for x in repo.docs.get(f, []))
+    ]
+    units = [
+        Unit(d, repo.builds[d].docs, repo.builds[d], repo.builds[d].text) for d in to_build if not repo.builds[d].error
+    ]
     by_schema: dict[Path, list[Doc]] = {}
     for f in plain:
         docs = repo.docs[f]
@@ -97,21 +135,35 @@ def validate(root: Path, paths: Sequence[str] = (), *, crd_dir: Path, k8s_versio
     for u in units:
         if any(isinstance(x.data, dict) and "sops" in x.data for x in u.docs):
             u.raw = ""  # sent without the sops block (see _for_schema)
-    p, num_resources = kubeconform_units(units, [f"{core}/{CORE_SCHEMA_TEMPLATE}", f"{crd_dir}/{CRD_SCHEMA_TEMPLATE}"],
-                                         k8s_version, repo)
+    p, num_resources = kubeconform_units(
+        units, [f"{core}/{CORE_SCHEMA_TEMPLATE}", f"{crd_dir}/{CRD_SCHEMA_TEMPLATE}"], k8s_version, repo
+    )
     problems += p
     for schema, docs in sorted(by_schema.items()):
         if not schema.is_file():
-            problems += [Problem(x.file, x.line, obj_name(x.data), f"no schema {schema} for {x.data.get('apiVersion')} "
-                                 f"{x.data.get('kind')}; it belongs beside the CRD schema folder") for x in docs]
+            problems += [
+                Problem(
+                    x.file,
+                    x.line,
+                    obj_name(x.data),
+                    f"no schema {schema} for {x.data.get('apiVersion')} "
+                    f"{x.data.get('kind')}; it belongs beside the CRD schema folder",
+                )
+                for x in docs
+            ]
             continue
         p, n = kubeconform_units([Unit(x.file, [x]) for x in docs], [str(schema)], k8s_version, repo)
         problems += p
         num_resources += n
 
     # 4. Flux graph of each bootstrap directory in scope.
-    roots = sorted({norm(str(PurePosixPath(f).parent)) for f in plain
-                    if any(gvk(x.data) == FLUX_KUSTOMIZATION for x in repo.docs[f])})
+    roots = sorted(
+        {
+            norm(str(PurePosixPath(f).parent))
+            for f in plain
+            if any(gvk(x.data) == FLUX_KUSTOMIZATION for x in repo.docs[f])
+        }
+    )
     p, num_flux = check_flux(repo, roots, kustomize)
     problems += p
 
@@ -121,21 +173,28 @@ def validate(root: Path, paths: Sequence[str] = (), *, crd_dir: Path, k8s_versio
     for u, blame in zip(units, blames):
         for check in OBJECT_CHECKS:
             problems += check(u.docs, blame)
-    p, num_jobs = check_jobs([(u.docs, blame) for u, blame in zip(units, blames)
-                              if u.build is None or u.build.dir not in used_as_base])
+    p, num_jobs = check_jobs(
+        [(u.docs, blame) for u, blame in zip(units, blames) if u.build is None or u.build.dir not in used_as_base]
+    )
     problems += p
     # Across the units of each cluster: runs against its device plugins and its provisioned nodes.
     problems += check_device_plugins([(u.label, u.docs) for u in units], {f: repo.docs[f] for f in repo.yaml_files})
 
-    return Report(collapse(problems),
-                  num_yaml_files=sum(1 for f in repo.yaml_files if in_scope(f)), num_builds=len(to_build),
-                  num_resources=num_resources, num_flux_kustomizations=num_flux, num_pytorchjobs=num_jobs,
-                  seconds=time.monotonic() - start)
+    return Report(
+        collapse(problems),
+        num_yaml_files=sum(1 for f in repo.yaml_files if in_scope(f)),
+        num_builds=len(to_build),
+        num_resources=num_resources,
+        num_flux_kustomizations=num_flux,
+        num_pytorchjobs=num_jobs,
+        seconds=time.monotonic() - start,
+    )
 
 
 def _blame(repo: RepoIndex, build: Build) -> Callable[[Doc, tuple[str, ...]], str]:
     def blame(doc: Doc, keys: tuple[str, ...]) -> str:
         return repo.origin(build, str(doc.data.get("kind")), meta(doc.data, "name"), [list(keys)] if keys else [])
+
     return blame
 
 
@@ -148,8 +207,10 @@ def collapse(problems: Iterable[Problem]) -> list[Problem]:
     groups: dict[tuple[str, int, str], list[Problem]] = {}
     for p in sorted(set(problems), key=lambda x: (x.file, x.line, x.obj, x.message)):
         groups.setdefault((p.file, p.line, _BUILD_NOTE.sub("", p.message)), []).append(p)
-    return [ps[0] if len(ps) == 1 else replace(ps[0], message=f"{ps[0].message} (and {len(ps) - 1} more like it)")
-            for ps in groups.values()]
+    return [
+        ps[0] if len(ps) == 1 else replace(ps[0], message=f"{ps[0].message} (and {len(ps) - 1} more like it)")
+        for ps in groups.values()
+    ]
 
 
 def repository_root(paths: Sequence[Path], default: Path = REPO_ROOT) -> Path:
@@ -166,6 +227,7 @@ def repository_root(paths: Sequence[Path], default: Path = REPO_ROOT) -> Path:
             raise InputError(f"{p}: not inside a git work tree; validate files of a checkout")
         roots.add(Path(proc.stdout.strip()).resolve())
     if len(roots) > 1:
-        raise InputError(f"paths span several repositories ({', '.join(map(str, sorted(roots)))}); "
-                         "validate one at a time")
+        raise InputError(
+            f"paths span several repositories ({', '.join(map(str, sorted(roots)))}); validate one at a time"
+        )
     return roots.pop()

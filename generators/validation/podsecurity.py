@@ -11,11 +11,13 @@ per privilege with the reason; anything not listed there is a problem, for node 
 A Secret with a `sops` block must have every value of data/stringData encrypted (`ENC[...]`) and a
 MAC: a plain-text Secret with a copied `sops` block would otherwise reach the cluster unencrypted.
 """
+
 from __future__ import annotations
 
 import posixpath
 import re
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 from generators.validation.manifests import PYTORCHJOB, Doc, Problem, gvk, meta, walk
 from generators.validation.semantics import Blame, reporter
@@ -79,7 +81,7 @@ def privileges(pod: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str]]:
             at = (key, str(i), "securityContext")
             if ctx.get("privileged") is True:
                 found.append((at + ("privileged",), "privileged"))
-            for cap in ((ctx.get("capabilities") or {}).get("add") or []):
+            for cap in (ctx.get("capabilities") or {}).get("add") or []:
                 found.append((at + ("capabilities", "add"), f"capability:{str(cap).upper()}"))
             if not _runs_as_non_root(pod_ctx, ctx):
                 found.append((at, "root"))
@@ -119,8 +121,11 @@ def check_pod_security(docs: Sequence[Doc], blame: Blame = lambda doc, keys: doc
             for section in ("data", "stringData"):
                 for key, value in (data.get(section) or {}).items():
                     if not (isinstance(value, str) and SOPS_VALUE.match(value)):
-                        bad((section, str(key)), f"{section}.{key} is not encrypted although the Secret has a sops "
-                                                 "block; encrypt the file with sops (see .sops.yaml)")
+                        bad(
+                            (section, str(key)),
+                            f"{section}.{key} is not encrypted although the Secret has a sops "
+                            "block; encrypt the file with sops (see .sops.yaml)",
+                        )
             if not SOPS_VALUE.match(str(sops.get("mac") or "")):
                 bad(("sops",), "the sops block has no MAC, so it was not written by sops; encrypt the file with sops")
     return problems

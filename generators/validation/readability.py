@@ -19,9 +19,11 @@ A container is non-root when its runAsUser (container, else pod) is set and not 
 runAsNonRoot with no runAsUser (the image's non-root user). A container with neither is not judged:
 its user is whatever the image says.
 """
+
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from generators.validation.manifests import Doc, Problem, obj_name, walk
 from generators.validation.semantics import Blame
@@ -64,8 +66,10 @@ def _modes(volume: dict) -> Iterator[tuple[str, int]]:
                 src = (source or {}).get(kind)
                 if isinstance(src, dict):
                     for item in src.get("items") or [{}]:
-                        yield (f"{'Secret' if kind == 'secret' else 'ConfigMap'} {src.get('name', '?')}",
-                               int(item.get("mode", default)))
+                        yield (
+                            f"{'Secret' if kind == 'secret' else 'ConfigMap'} {src.get('name', '?')}",
+                            int(item.get("mode", default)),
+                        )
 
 
 def check_readability(docs: Sequence[Doc], blame: Blame = lambda doc, keys: doc.file) -> list[Problem]:
@@ -103,12 +107,16 @@ def _problem(volume: dict, mount: dict, fs_group: Any, who: str) -> str:
     for what, mode in _modes(volume):
         readable = fs_group is not None or mode & 0o004
         if not readable:
-            return (f"{who} cannot read {what} in {where}: its files are root's with mode {mode:04o} and the pod "
-                    f"sets no fsGroup; fix: set spec.securityContext.fsGroup to the container's group (the kubelet "
-                    f"then makes them group-readable) or a defaultMode with other-read")
+            return (
+                f"{who} cannot read {what} in {where}: its files are root's with mode {mode:04o} and the pod "
+                f"sets no fsGroup; fix: set spec.securityContext.fsGroup to the container's group (the kubelet "
+                f"then makes them group-readable) or a defaultMode with other-read"
+            )
     if "persistentVolumeClaim" in volume and not mount.get("readOnly") and fs_group is None:
         claim = (volume["persistentVolumeClaim"] or {}).get("claimName", "?")
-        return (f"{who} writes PersistentVolumeClaim {claim} in {where}, whose new root is root:root 0755, and the "
-                f"pod sets no fsGroup; fix: set spec.securityContext.fsGroup (the FSx for Lustre CSI driver applies "
-                f"it: fsGroupPolicy File) or mount it readOnly")
+        return (
+            f"{who} writes PersistentVolumeClaim {claim} in {where}, whose new root is root:root 0755, and the "
+            f"pod sets no fsGroup; fix: set spec.securityContext.fsGroup (the FSx for Lustre CSI driver applies "
+            f"it: fsGroupPolicy File) or mount it readOnly"
+        )
     return ""

@@ -2,6 +2,7 @@
 package, CRD schemas from a folder in the datreeio/CRDs-catalog layout, and the JSON schemas of the
 documents that are tools' inputs rather than cluster objects (NON_CLUSTER_SCHEMAS).
 """
+
 from __future__ import annotations
 
 import json
@@ -10,9 +11,10 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from generators.core.errors import InputError, ToolError
 from generators.core.gotools import REPO_ROOT, tool
@@ -73,8 +75,9 @@ def kubernetes_validate_dir(version: str) -> Path:
     src = base / f"v{version}-local-strict"
     if not src.is_dir():
         have = sorted(p.name.removesuffix("-local-strict") for p in base.glob("v*-local-strict"))
-        raise InputError(f"--k8s-version {version}: kubernetes-validate has no schemas for it; "
-                         f"use one of {', '.join(have)}")
+        raise InputError(
+            f"--k8s-version {version}: kubernetes-validate has no schemas for it; use one of {', '.join(have)}"
+        )
     return src
 
 
@@ -139,8 +142,12 @@ class Unit:
     raw: str = ""  # the text as-is, when every document of it is sent unchanged
 
 
-def kubeconform_units(units: Sequence[Unit], locations: Sequence[str], k8s_version: str, repo: RepoIndex,
-                      ) -> tuple[list[Problem], int]:
+def kubeconform_units(
+    units: Sequence[Unit],
+    locations: Sequence[str],
+    k8s_version: str,
+    repo: RepoIndex,
+) -> tuple[list[Problem], int]:
     """Run one kubeconform over all units; (problems, number of resources checked)."""
     if not units:
         return [], 0
@@ -151,8 +158,17 @@ def kubeconform_units(units: Sequence[Unit], locations: Sequence[str], k8s_versi
             p = Path(tmp, f"{i:05d}.yaml")
             p.write_text(u.raw or "".join(f"---\n{json.dumps(_for_schema(d.data), default=str)}\n" for d in u.docs))
             paths.append(str(p))
-        args = [tool("kubeconform"), "-strict", "-summary", "-output", "json", "-n", str(BUILD_JOBS),
-                "-kubernetes-version", k8s_version]
+        args = [
+            tool("kubeconform"),
+            "-strict",
+            "-summary",
+            "-output",
+            "json",
+            "-n",
+            str(BUILD_JOBS),
+            "-kubernetes-version",
+            k8s_version,
+        ]
         for loc in locations:
             args += ["-schema-location", loc]
         proc = subprocess.run(args + paths, capture_output=True, text=True)
@@ -170,15 +186,32 @@ def kubeconform_units(units: Sequence[Unit], locations: Sequence[str], k8s_versi
         if u is None:
             problems.append(Problem(r.get("filename", "?"), 0, f"{kind}/{name}", msg))
             continue
-        doc = next((d for d in u.docs if isinstance(d.data, dict) and d.data.get("kind") == kind
-                    and meta(d.data, "name") == (r.get("name") or "")), None)
+        doc = next(
+            (
+                d
+                for d in u.docs
+                if isinstance(d.data, dict)
+                and d.data.get("kind") == kind
+                and meta(d.data, "name") == (r.get("name") or "")
+            ),
+            None,
+        )
         if u.build is not None:
             file = repo.origin(u.build, kind, r.get("name") or "", _error_paths(msg))
-            problems.append(Problem(file, 0, obj_name(doc.data) if doc else f"{kind}/{name}",
-                                    f"{msg} (in the build of {u.build.dir})"))
+            problems.append(
+                Problem(
+                    file, 0, obj_name(doc.data) if doc else f"{kind}/{name}", f"{msg} (in the build of {u.build.dir})"
+                )
+            )
         else:
-            problems.append(Problem(doc.file if doc else u.label, doc.line if doc else 0,
-                                    obj_name(doc.data) if doc else f"{kind}/{name}", msg))
+            problems.append(
+                Problem(
+                    doc.file if doc else u.label,
+                    doc.line if doc else 0,
+                    obj_name(doc.data) if doc else f"{kind}/{name}",
+                    msg,
+                )
+            )
     summary = out.get("summary") or {}
     return problems, sum(int(summary.get(k, 0)) for k in ("valid", "invalid", "errors"))
 

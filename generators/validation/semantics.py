@@ -6,12 +6,14 @@ applied: its GPUs and EFA interfaces fit the instance type it is pinned to (trai
 torchrun's processes per node equal its GPUs, its pods are not privileged, the ConfigMaps it mounts come
 with it; across runs: rendezvous ids and output directories on the shared volume are unique.
 """
+
 from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import yaml
 
@@ -25,20 +27,28 @@ EFA_RESOURCE = "vpc.amazonaws.com/efa"
 
 
 # Trainer config keys (trainer/config.py) naming directories a run writes to: two runs must not share one.
-RUN_DIR_KEYS = {"checkpoint.dir": "checkpoint directory", "checkpoint.export_dir": "export directory",
-                "metrics.output_dir": "metrics directory"}
+RUN_DIR_KEYS = {
+    "checkpoint.dir": "checkpoint directory",
+    "checkpoint.export_dir": "export directory",
+    "metrics.output_dir": "metrics directory",
+}
 
 SECRET_PATTERNS = (
     (re.compile(r"hf_[A-Za-z0-9]{20,}"), "a Hugging Face token"),
     (re.compile(r"(?<![A-Z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Z0-9])"), "an AWS access key id"),
     (re.compile(r"--(?:hf[-_])?token[= ]+(?![\"']?\$)[\"']?[^\s\"'$]+"), "a literal --token value"),
-    (re.compile(r"\b(?:[A-Z0-9]+_)*(?:TOKEN|SECRET|PASSWORD)=(?![\"']?\$)[\"']?([^\s\"'$;]+)"),
-     "a literal secret assignment"),
+    (
+        re.compile(r"\b(?:[A-Z0-9]+_)*(?:TOKEN|SECRET|PASSWORD)=(?![\"']?\$)[\"']?([^\s\"'$;]+)"),
+        "a literal secret assignment",
+    ),
 )
 # An env name names a secret when one of its words does (HF_TOKEN, DB_PASSWORD, AWS_SECRET_ACCESS_KEY),
 # not when a word merely contains one (TOKENIZERS_PARALLELISM, MAX_NEW_TOKENS).
-SECRET_ENV_NAME = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|APIKEY|ACCESS_KEY|SECRET_KEY|API_KEY|"
-                             r"PRIVATE_KEY)(_|$)", re.I)
+SECRET_ENV_NAME = re.compile(
+    r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|APIKEY|ACCESS_KEY|SECRET_KEY|API_KEY|"
+    r"PRIVATE_KEY)(_|$)",
+    re.I,
+)
 # Values that are settings, never credentials: switches, numbers and paths (USE_AUTH_TOKEN=true,
 # HF_HUB_TOKEN_TIMEOUT=30, TOKEN_PATH-like values).
 NOT_SECRET_VALUE = re.compile(r"^(true|false|yes|no|on|off|none|null|auto|-?[0-9]+(\.[0-9]+)?|\.{0,2}/.*)$", re.I)
@@ -79,25 +89,39 @@ def looks_secret(value: Any) -> bool:
 def secret_problems(c: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str]]:
     """(JSON path in the container, message) for each secret written inline in a container."""
     out = []
-    texts = [(("command",), "command", x) for x in c.get("command") or []] \
-        + [(("args",), "args", x) for x in c.get("args") or []]
+    texts = [(("command",), "command", x) for x in c.get("command") or []] + [
+        (("args",), "args", x) for x in c.get("args") or []
+    ]
     for i, e in enumerate(c.get("env") or []):
         if not isinstance(e, dict):
             continue
         name, value = str(e.get("name") or ""), e.get("value")
         if value not in (None, "") and "valueFrom" not in e:
             texts.append((("env", str(i)), f"env {name}", value))
-            if SECRET_ENV_NAME.search(name) and not name.upper().endswith(REFERENCE_ENV_SUFFIXES) \
-                    and looks_secret(value):
-                out.append((("env", str(i)), f"env {name} holds a literal value; take it from a Secret with "
-                            "valueFrom.secretKeyRef or mount the Secret as a file"))
+            if (
+                SECRET_ENV_NAME.search(name)
+                and not name.upper().endswith(REFERENCE_ENV_SUFFIXES)
+                and looks_secret(value)
+            ):
+                out.append(
+                    (
+                        ("env", str(i)),
+                        f"env {name} holds a literal value; take it from a Secret with "
+                        "valueFrom.secretKeyRef or mount the Secret as a file",
+                    )
+                )
     for keys, where, text in texts:
         for pattern, what in SECRET_PATTERNS:
             found = pattern.search(text) if isinstance(text, str) else None
             if found and (not found.groups() or looks_secret(found.group(1))):
-                out.append((keys, f"{where} contains {what}; keep it in a SOPS-encrypted Secret and read it "
-                                  "from the mounted file (HF_TOKEN_FILE for the Hugging Face token) or "
-                                  "valueFrom.secretKeyRef"))
+                out.append(
+                    (
+                        keys,
+                        f"{where} contains {what}; keep it in a SOPS-encrypted Secret and read it "
+                        "from the mounted file (HF_TOKEN_FILE for the Hugging Face token) or "
+                        "valueFrom.secretKeyRef",
+                    )
+                )
                 break
     return out
 
@@ -108,9 +132,11 @@ Blame = Callable[[Doc, tuple[str, ...]], str]
 def reporter(problems: list[Problem], doc: Doc, blame: Blame) -> Callable[[tuple[str, ...], str], None]:
     """`bad(keys, msg)` for one object: appends a Problem against the file `blame` names for those
     keys, with the object's line only where that file is the object's own."""
+
     def bad(keys: tuple[str, ...], msg: str) -> None:
         file = blame(doc, keys)
         problems.append(Problem(file, doc.line if file == doc.file else 0, obj_name(doc.data), msg))
+
     return bad
 
 
@@ -154,14 +180,17 @@ def _flag_values(tokens: Sequence[str], names: Sequence[str]) -> list[str]:
             if t == n and i + 1 < len(tokens):
                 out.append(tokens[i + 1])
             elif t.startswith(n + "="):
-                out.append(t[len(n) + 1:])
+                out.append(t[len(n) + 1 :])
     return out
 
 
 def _tokens(c: Mapping[str, Any]) -> list[str]:
     """command + args, shell scripts split into words, $(VAR) replaced from the container's env."""
-    env = {str(e.get("name")): str(e.get("value")) for e in c.get("env") or []
-           if isinstance(e, dict) and e.get("value") is not None}
+    env = {
+        str(e.get("name")): str(e.get("value"))
+        for e in c.get("env") or []
+        if isinstance(e, dict) and e.get("value") is not None
+    }
     out = []
     for part in list(c.get("command") or []) + list(c.get("args") or []):
         s = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), str(part))
@@ -200,8 +229,12 @@ def _limit(c: Mapping[str, Any], resource: str) -> int:
     return _int(((c.get("resources") or {}).get("limits") or {}).get(resource, 0)) or 0
 
 
-def check_pytorchjob(doc: Doc, configmaps: Mapping[str, dict], instance_types: Mapping[str, InstanceType],
-                     blame: Blame = lambda doc, keys: doc.file) -> tuple[list[Problem], JobFacts]:
+def check_pytorchjob(
+    doc: Doc,
+    configmaps: Mapping[str, dict],
+    instance_types: Mapping[str, InstanceType],
+    blame: Blame = lambda doc, keys: doc.file,
+) -> tuple[list[Problem], JobFacts]:
     """A PyTorchJob against the instance type its pods are pinned to, and the ids and directories that
     must be unique across runs. `configmaps`: data of the ConfigMaps applied with it, by namespace/name."""
     data, spec = doc.data, doc.data.get("spec") or {}
@@ -214,8 +247,14 @@ def check_pytorchjob(doc: Doc, configmaps: Mapping[str, dict], instance_types: M
         pod = ((replicas or {}).get("template") or {}).get("spec") or {}
         at = ("spec", "pytorchReplicaSpecs", role, "template", "spec")
         pod_containers = [c for c in pod.get("containers") or [] if isinstance(c, dict)]
-        gpu_at = next((at + ("containers", str(i), "resources", "limits", GPU_RESOURCE)
-                       for i, c in enumerate(pod_containers) if _limit(c, GPU_RESOURCE)), at)
+        gpu_at = next(
+            (
+                at + ("containers", str(i), "resources", "limits", GPU_RESOURCE)
+                for i, c in enumerate(pod_containers)
+                if _limit(c, GPU_RESOURCE)
+            ),
+            at,
+        )
         gpus = sum(_limit(c, GPU_RESOURCE) for c in pod_containers)
         efa = sum(_limit(c, EFA_RESOURCE) for c in pod_containers)
 
@@ -223,43 +262,49 @@ def check_pytorchjob(doc: Doc, configmaps: Mapping[str, dict], instance_types: M
         if not instance:
             bad(at, f"{role}: no nodeSelector {INSTANCE_TYPE_LABEL}; pin the pods to a GPU instance type")
         elif instance not in instance_types:
-            bad(at + ("nodeSelector",),
-                f"{role}: instance type {instance} is not in the catalog (trainer/catalog.py)")
+            bad(at + ("nodeSelector",), f"{role}: instance type {instance} is not in the catalog (trainer/catalog.py)")
         elif not 1 <= gpus <= instance_types[instance].num_gpus:
             have = instance_types[instance].num_gpus
-            bad(gpu_at, f"{role}: requests {gpus} GPUs ({GPU_RESOURCE}) but {instance} has {have}; "
-                            f"request 1 to {have}")
+            bad(gpu_at, f"{role}: requests {gpus} GPUs ({GPU_RESOURCE}) but {instance} has {have}; request 1 to {have}")
         elif efa != efa_for(instance_types[instance], gpus):
             want = efa_for(instance_types[instance], gpus)
-            bad(gpu_at[:-1] + (EFA_RESOURCE,),
+            bad(
+                gpu_at[:-1] + (EFA_RESOURCE,),
                 f"{role}: requests {efa} EFA interfaces ({EFA_RESOURCE}) but {gpus} GPUs of {instance} "
-                            f"come with {want}; request {want}")
+                f"come with {want}; request {want}",
+            )
 
         for n in (spec.get("nprocPerNode"), elastic.get("nProcPerNode")):
             if n is not None and str(n) not in ("gpu", "auto") and _int(n) != gpus:
                 bad(("spec",), f"{role}: nprocPerNode is {n} but each pod has {gpus} GPUs; make them equal")
         if (pod.get("securityContext") or {}).get("privileged"):
-            bad(at + ("securityContext", "privileged"),
-                f"{role}: the pod is privileged; training pods need no privilege")
+            bad(
+                at + ("securityContext", "privileged"),
+                f"{role}: the pod is privileged; training pods need no privilege",
+            )
         for i, c in enumerate(pod_containers):
             c_at = at + ("containers", str(i))
             if (c.get("securityContext") or {}).get("privileged"):
-                bad(c_at + ("securityContext", "privileged"),
-                    f"{role}: container {c.get('name')} is privileged; training pods need no privilege")
+                bad(
+                    c_at + ("securityContext", "privileged"),
+                    f"{role}: container {c.get('name')} is privileged; training pods need no privilege",
+                )
             tokens = _tokens(c)
             env = {str(e.get("name")): e.get("value") for e in c.get("env") or [] if isinstance(e, dict)}
             nprocs = _flag_values(tokens, ("--nproc_per_node", "--nproc-per-node"))
             nprocs += [str(env["PET_NPROC_PER_NODE"])] if env.get("PET_NPROC_PER_NODE") is not None else []
             for n in nprocs:
                 if n not in ("gpu", "auto") and _int(n) != _limit(c, GPU_RESOURCE):
-                    bad(c_at + ("command",), f"{role}: torchrun --nproc_per_node is {n} but the container has "
-                                    f"{_limit(c, GPU_RESOURCE)} GPUs ({GPU_RESOURCE}); make them equal")
+                    bad(
+                        c_at + ("command",),
+                        f"{role}: torchrun --nproc_per_node is {n} but the container has "
+                        f"{_limit(c, GPU_RESOURCE)} GPUs ({GPU_RESOURCE}); make them equal",
+                    )
             rdzv_ids.update(_flag_values(tokens, ("--rdzv_id", "--rdzv-id")))
             rdzv_ids.update([str(env["PET_RDZV_ID"])] if env.get("PET_RDZV_ID") else [])
             # Trainer overrides (section.key=value) on the command line name output directories too.
             for key, what in RUN_DIR_KEYS.items():
-                run_dirs.update((what, t.split("=", 1)[1]) for t in tokens
-                                if t.startswith(key + "=/"))
+                run_dirs.update((what, t.split("=", 1)[1]) for t in tokens if t.startswith(key + "=/"))
 
         for v in pod.get("volumes") or []:
             ref = (v or {}).get("configMap") or {}
@@ -269,9 +314,12 @@ def check_pytorchjob(doc: Doc, configmaps: Mapping[str, dict], instance_types: M
             if cfg is None and not ref.get("optional"):
                 # kustomize renames generated ConfigMaps (hash suffix, name prefix/suffix) but does not
                 # rewrite references inside custom resources, so a stale name here is easy to get.
-                bad(at + ("volumes",), f"{role}: volume {v.get('name')} mounts ConfigMap {ref['name']}, which is not "
-                                "applied with the job; generate it with that exact name (kustomize does not "
-                                "rename references inside a PyTorchJob)")
+                bad(
+                    at + ("volumes",),
+                    f"{role}: volume {v.get('name')} mounts ConfigMap {ref['name']}, which is not "
+                    "applied with the job; generate it with that exact name (kustomize does not "
+                    "rename references inside a PyTorchJob)",
+                )
             for text in (cfg or {}).values():
                 run_dirs.update(_run_dirs(text))
     return problems, JobFacts(doc, tuple(sorted(rdzv_ids)), tuple(sorted(run_dirs)))
@@ -302,21 +350,31 @@ def check_unique(facts: Sequence[JobFacts]) -> list[Problem]:
         for key in [("rendezvous id", x) for x in f.rdzv_ids] + list(f.run_dirs):
             other = first.setdefault(key, f)
             if other is not f:
-                problems.append(Problem(f.doc.file, f.doc.line, obj_name(f.doc.data),
-                                        f"{key[0]} {key[1]} is also used by {obj_name(other.doc.data)} "
-                                        f"({other.doc.file}); every run needs its own"))
+                problems.append(
+                    Problem(
+                        f.doc.file,
+                        f.doc.line,
+                        obj_name(f.doc.data),
+                        f"{key[0]} {key[1]} is also used by {obj_name(other.doc.data)} "
+                        f"({other.doc.file}); every run needs its own",
+                    )
+                )
     return problems
 
 
-def check_jobs(applied: Sequence[tuple[Sequence[Doc], Blame]],
-               instance_types: Mapping[str, InstanceType] = INSTANCE_TYPES) -> tuple[list[Problem], int]:
+def check_jobs(
+    applied: Sequence[tuple[Sequence[Doc], Blame]], instance_types: Mapping[str, InstanceType] = INSTANCE_TYPES
+) -> tuple[list[Problem], int]:
     """PyTorchJob checks on the units that get applied as they are (the documents of one build or file,
     with its blame; not bases that others build on), and across them. (problems, PyTorchJobs checked)"""
     problems: list[Problem] = []
     facts: list[JobFacts] = []
     for docs, blame in applied:
-        configmaps = {f"{meta(d.data, 'namespace')}/{meta(d.data, 'name')}": d.data.get("data") or {}
-                      for d in docs if gvk(d.data) == ("", "ConfigMap")}
+        configmaps = {
+            f"{meta(d.data, 'namespace')}/{meta(d.data, 'name')}": d.data.get("data") or {}
+            for d in docs
+            if gvk(d.data) == ("", "ConfigMap")
+        }
         for d in docs:
             if gvk(d.data) == PYTORCHJOB:
                 p, f = check_pytorchjob(d, configmaps, instance_types, blame)

@@ -5,9 +5,10 @@ with the Flux controllers, one per cluster of matrix.yaml. The session ends by c
 process the harness started and no port it handed out outlives it.
 Under pytest-xdist each control plane's tests run on one worker (tests/conftest.py).
 """
+
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 

@@ -1,5 +1,6 @@
 """Level 1: every overlay Flux applies is accepted by a real kube-apiserver with the pinned CRDs,
 and the same check rejects broken manifests, naming the overlay and quoting the API server."""
+
 from __future__ import annotations
 
 import shutil
@@ -19,8 +20,10 @@ def test_overlay_paths_cover_runs_infrastructure_and_cluster_entry_points() -> N
     clusters = sorted(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "overlays" / "clusters").iterdir())
     assert runs and set(runs) <= set(paths)
     assert clusters and set(clusters) <= set(paths)
-    infrastructure = {str(k.parent.relative_to(REPO_ROOT))
-                      for k in (REPO_ROOT / "overlays" / "infrastructure").glob("*/*/kustomization.yaml")}
+    infrastructure = {
+        str(k.parent.relative_to(REPO_ROOT))
+        for k in (REPO_ROOT / "overlays" / "infrastructure").glob("*/*/kustomization.yaml")
+    }
     assert {f"overlays/infrastructure/{Path(c).name}/controllers" for c in clusters} <= infrastructure
     assert {p for p in paths if p.startswith("overlays/infrastructure/")} == infrastructure
     assert not [p for p in paths if p.startswith("overlays/provisioning")]  # eksctl input, not objects
@@ -37,16 +40,22 @@ def _copy_repo(dst: Path) -> None:
 
 # JSON patch operations appended to a run's patch, and what the API server answers.
 MUTATIONS = {
-    "unknown field": ("- op: add\n  path: /spec/nprocPerNodeX\n  value: \"8\"\n", ".spec.nprocPerNodeX: field not declared in schema"),
+    "unknown field": (
+        '- op: add\n  path: /spec/nprocPerNodeX\n  value: "8"\n',
+        ".spec.nprocPerNodeX: field not declared in schema",
+    ),
     "wrong type": ("- op: replace\n  path: /spec/pytorchReplicaSpecs/Worker/replicas\n  value: two\n", "replicas"),
-    "missing required field": ("- op: remove\n  path: /spec/pytorchReplicaSpecs/Worker/template/spec/containers\n",
-                               "containers: Required value"),
+    "missing required field": (
+        "- op: remove\n  path: /spec/pytorchReplicaSpecs/Worker/template/spec/containers\n",
+        "containers: Required value",
+    ),
 }
 
 
 @pytest.mark.parametrize("mutation", sorted(MUTATIONS))
 def test_broken_run_is_rejected_with_the_overlay_path_and_the_servers_message(
-        cluster: Cluster, tmp_path: Path, mutation: str) -> None:
+    cluster: Cluster, tmp_path: Path, mutation: str
+) -> None:
     _copy_repo(tmp_path)
     run = sorted(p for p in (tmp_path / "overlays" / "runs").glob("*/*") if p.is_dir())[0]
     op, message = MUTATIONS[mutation]
@@ -62,7 +71,9 @@ def test_broken_run_is_rejected_with_the_overlay_path_and_the_servers_message(
 
 def test_broken_flux_kustomization_in_a_cluster_entry_point_is_rejected(cluster: Cluster, tmp_path: Path) -> None:
     _copy_repo(tmp_path)
-    entry = tmp_path / "overlays" / "clusters" / sorted(p.name for p in (REPO_ROOT / "overlays" / "clusters").iterdir())[0]
+    entry = (
+        tmp_path / "overlays" / "clusters" / sorted(p.name for p in (REPO_ROOT / "overlays" / "clusters").iterdir())[0]
+    )
     text = (entry / "infrastructure.yaml").read_text()
     (entry / "infrastructure.yaml").write_text(text.replace("  prune: true", "  prune: yes-please", 1))
     rel = str(entry.relative_to(tmp_path))

@@ -9,12 +9,14 @@ Flux graph whatever the cluster, run on the first cluster only.
 Sources are loopback copies (tools/cluster/gitops.py): the repository, the operator's manifests,
 stub Helm charts under the pinned names and versions, Secrets encrypted for a test age key.
 """
+
 from __future__ import annotations
 
 import subprocess
 import sys
 from collections import Counter
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import yaml
@@ -41,9 +43,11 @@ class Flux:
         return self.cluster.get("kustomizations.kustomize.toolkit.fluxcd.io", "flux-system", name=name)
 
     def wait_ready(self, timeout_s: float = 600) -> None:
-        self.cluster.wait_for(lambda: not gitops.not_ready(self.cluster) and self.runs() <= self.jobs(),
-                              timeout_s, f"every Kustomization and HelmRelease of {self.name} Ready "
-                                         f"(still: {gitops.not_ready(self.cluster)})")
+        self.cluster.wait_for(
+            lambda: not gitops.not_ready(self.cluster) and self.runs() <= self.jobs(),
+            timeout_s,
+            f"every Kustomization and HelmRelease of {self.name} Ready (still: {gitops.not_ready(self.cluster)})",
+        )
 
 
 def start(name: str) -> Iterator[Flux]:
@@ -74,8 +78,9 @@ class Environments:
     parametrized module fixture could be torn down and started again between two tests of one cluster."""
 
     def __init__(self, items: list[pytest.Item]):
-        self.left = Counter(i.callspec.params["flux"] for i in items
-                            if hasattr(i, "callspec") and "flux" in i.callspec.params)
+        self.left = Counter(
+            i.callspec.params["flux"] for i in items if hasattr(i, "callspec") and "flux" in i.callspec.params
+        )
         self.open: dict[str, tuple[Iterator[Flux], Flux]] = {}
 
     def get(self, name: str) -> Flux:
@@ -122,8 +127,9 @@ def test_flux_reconciles_the_cluster_until_everything_is_ready(flux: Flux) -> No
 
 
 def _expand(flux: Flux) -> None:
-    res = subprocess.run([sys.executable, "generators/expand.py", "matrix.yaml"], cwd=flux.clone.repo,
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "generators/expand.py", "matrix.yaml"], cwd=flux.clone.repo, capture_output=True, text=True
+    )
     assert res.returncode == 0, res.stderr
     flux.clone.localize()
 
@@ -153,19 +159,28 @@ def test_broken_commit_keeps_the_last_good_revision_and_reports_the_error(flux: 
     # (after the previous commit it may still be on the one before).
     head = flux.clone.git("rev-parse", "HEAD").strip()
     good = flux.cluster.wait_for(
-        lambda: (r := flux.kustomization(f"run-{run}").get("status", {}).get("lastAppliedRevision", "")).endswith(head)
-        and r, 300, f"run-{run} applies the last good revision {head}")
+        lambda: (
+            (r := flux.kustomization(f"run-{run}").get("status", {}).get("lastAppliedRevision", "")).endswith(head)
+            and r
+        ),
+        300,
+        f"run-{run} applies the last good revision {head}",
+    )
     jobs = flux.jobs()
     patch = flux.clone.repo / "overlays" / "runs" / flux.name / run / "pytorchjob.run.yaml"
-    patch.write_text(patch.read_text() + "- op: add\n  path: /spec/nprocPerNodeX\n  value: \"8\"\n")
+    patch.write_text(patch.read_text() + '- op: add\n  path: /spec/nprocPerNodeX\n  value: "8"\n')
     revision = flux.clone.commit_and_push("broken: a field the PyTorchJob schema does not have")
     gitops.reconcile_now(flux.cluster)
 
     def failed() -> str:
         k = flux.kustomization(f"run-{run}")
         ready = next((c for c in k.get("status", {}).get("conditions", []) if c["type"] == "Ready"), {})
-        return ready.get("message", "") if ready.get("status") == "False" and revision in ready.get("message", "") + \
-            k["status"].get("lastAttemptedRevision", "") else ""
+        return (
+            ready.get("message", "")
+            if ready.get("status") == "False"
+            and revision in ready.get("message", "") + k["status"].get("lastAttemptedRevision", "")
+            else ""
+        )
 
     message = flux.cluster.wait_for(failed, 300, f"run-{run} reports the broken revision")
     assert "nprocPerNodeX" in message, message

@@ -7,11 +7,13 @@ beside each other, the 16-node run then fits only partly (the scheduler reports 
 never uses the node without them) and runs completely once the others are deleted. The cluster's
 device-plugin DaemonSets land on every GPU node and on no other.
 """
+
 from __future__ import annotations
 
 import copy
 import re
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -64,8 +66,9 @@ def job_problems(cluster: Cluster, job: dict[str, Any]) -> list[str]:
         host, _, port = endpoint.rpartition(":")
         svc = services.get(host)
         if svc is None:
-            problems.append(f"{pname}: --rdzv-endpoint host {host!r} is not a Service the operator created "
-                            f"({sorted(services)})")
+            problems.append(
+                f"{pname}: --rdzv-endpoint host {host!r} is not a Service the operator created ({sorted(services)})"
+            )
         else:
             target = next((p for p in pods if svc["spec"]["selector"].items() <= p["metadata"]["labels"].items()), None)
             if target is None or not target["metadata"]["name"].endswith("-worker-0"):
@@ -118,7 +121,9 @@ def gpu_pool(cluster: Cluster) -> Iterator[list[str]]:
 
 def delete_jobs(cluster: Cluster, jobs: list[dict[str, Any]]) -> None:
     for job in jobs:
-        cluster.kubectl("delete", "pytorchjob", "-n", job["metadata"]["namespace"], job["metadata"]["name"], "--wait=false")
+        cluster.kubectl(
+            "delete", "pytorchjob", "-n", job["metadata"]["namespace"], job["metadata"]["name"], "--wait=false"
+        )
     cluster.wait_for(lambda: not any(pods_of(cluster, j) for j in jobs), 180, "pods of deleted jobs gone")
 
 
@@ -150,12 +155,18 @@ def test_operator_makes_pods_and_services_that_fit_the_pool(cluster: Cluster, gp
 
 def test_device_plugin_daemonsets_run_on_every_gpu_node_and_nowhere_else(cluster: Cluster, gpu_pool: list[str]) -> None:
     controllers = f"overlays/infrastructure/{CLUSTER}/controllers"
-    plugins = [d for d in dryrun.render(REPO_ROOT, controllers)
-               if d["kind"] == "DaemonSet" and d["metadata"]["namespace"] == "device-plugins"]
+    plugins = [
+        d
+        for d in dryrun.render(REPO_ROOT, controllers)
+        if d["kind"] == "DaemonSet" and d["metadata"]["namespace"] == "device-plugins"
+    ]
     assert sorted(d["metadata"]["name"] for d in plugins) == ["efa-device-plugin", "nvidia-device-plugin"]
     cluster.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "device-plugins"}}, *plugins])
-    gpu_nodes = sorted(n["metadata"]["name"] for n in cluster.get("nodes")["items"]
-                       if n["metadata"]["labels"].get("node.kubernetes.io/instance-type") == INSTANCE)
+    gpu_nodes = sorted(
+        n["metadata"]["name"]
+        for n in cluster.get("nodes")["items"]
+        if n["metadata"]["labels"].get("node.kubernetes.io/instance-type") == INSTANCE
+    )
     assert len(gpu_nodes) == POOL + 1  # the node without advertised GPUs needs the plugins most
 
     def placed(ds: dict[str, Any]) -> list[str] | None:

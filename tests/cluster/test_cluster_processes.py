@@ -1,5 +1,6 @@
 """The harness's process handling: a taken port is a clear error within seconds, and stopping a
 component stops everything in its process group."""
+
 from __future__ import annotations
 
 import os
@@ -21,9 +22,17 @@ def test_a_taken_port_is_a_clear_error_not_a_hang(tmp_path: Path) -> None:
         taken.listen()
         port = taken.getsockname()[1]
         url = f"http://127.0.0.1:{port}"
-        proc = processes.start("etcd", [etcd_path(), f"--data-dir={tmp_path / 'data'}", f"--listen-client-urls={url}",
-                                        f"--advertise-client-urls={url}", "--listen-peer-urls=http://127.0.0.1:0"],
-                               tmp_path / "etcd.log")
+        proc = processes.start(
+            "etcd",
+            [
+                etcd_path(),
+                f"--data-dir={tmp_path / 'data'}",
+                f"--listen-client-urls={url}",
+                f"--advertise-client-urls={url}",
+                "--listen-peer-urls=http://127.0.0.1:0",
+            ],
+            tmp_path / "etcd.log",
+        )
         try:
             with pytest.raises(processes.StartError, match="address already in use"):
                 proc.wait_ready(lambda: False, timeout_s=60, what="serving")
@@ -70,13 +79,16 @@ def test_private_tmp_reaches_a_cache_folder_under_tmp(tmp_path: Path, monkeypatc
     (certs / "tls.crt").write_text("certificate\n")
     probe = tmp_path / "cache" / "bin" / "probe"
     probe.parent.mkdir()
-    probe.write_text(f"#!/bin/sh\ncat /tmp/k8s/certs/tls.crt {cluster.work / 'kubeconfig'}; ls -A /tmp\n"
-                     f"test ! -e {tmp_path / 'outside'}\necho written > /tmp/k8s/certs/back\n")
+    probe.write_text(
+        f"#!/bin/sh\ncat /tmp/k8s/certs/tls.crt {cluster.work / 'kubeconfig'}; ls -A /tmp\n"
+        f"test ! -e {tmp_path / 'outside'}\necho written > /tmp/k8s/certs/back\n"
+    )
     probe.chmod(0o755)
     (tmp_path / "outside").write_text("the host's /tmp\n")
     try:
-        proc = cluster._start("probe", [str(probe)], private_ns=True, mounts=[(certs, "/tmp/k8s/certs")],
-                              private_tmp=True)
+        proc = cluster._start(
+            "probe", [str(probe)], private_ns=True, mounts=[(certs, "/tmp/k8s/certs")], private_tmp=True
+        )
         assert proc.popen.wait(timeout=30) == 0, proc.tail()
         assert proc.log.read_text().splitlines() == ["certificate", "kubeconfig", "k8s", tmp_path.parts[2]]
         assert (certs / "back").read_text() == "written\n"  # writes land in the work folder

@@ -6,6 +6,7 @@ addressable through its headless Service, and completes.
 It uses the fsdp-p4de cluster's committed overlays on fake p4de nodes of its own, so it shares
 nothing with the p5 pool of test_cluster_operator.py.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -46,8 +47,13 @@ def test_run_pods_are_the_pods_its_progress_role_may_patch(cluster: Cluster, p4d
     name = job["metadata"]["name"]
     cluster.apply(docs)
     try:
-        pods = cluster.wait_for(lambda: (lambda items: items if len(items) == 2 else None)(
-            cluster.get("pods", NS, selector=f"training.kubeflow.org/job-name={name}")["items"]), 180, "the run's pods")
+        pods = cluster.wait_for(
+            lambda: (lambda items: items if len(items) == 2 else None)(
+                cluster.get("pods", NS, selector=f"training.kubeflow.org/job-name={name}")["items"]
+            ),
+            180,
+            "the run's pods",
+        )
         (rule,) = role["rules"]
         assert sorted(p["metadata"]["name"] for p in pods) == sorted(rule["resourceNames"])
         for pod in pods:
@@ -65,8 +71,13 @@ def test_preflight_job_runs_two_pods_on_two_nodes_and_completes(cluster: Cluster
     assert name == "fsdp-preflight-p4de"
     cluster.apply(docs)
     try:
-        done = cluster.wait_for(lambda: (lambda j: j if j.get("status", {}).get("succeeded") == 2 else None)(
-            cluster.get("job", NS, name=name)), 180, "the pre-flight Job complete")
+        done = cluster.wait_for(
+            lambda: (lambda j: j if j.get("status", {}).get("succeeded") == 2 else None)(
+                cluster.get("job", NS, name=name)
+            ),
+            180,
+            "the pre-flight Job complete",
+        )
         assert done["status"].get("failed", 0) == 0
         pods = cluster.get("pods", NS, selector=f"batch.kubernetes.io/job-name={name}")["items"]
         assert len(pods) == 2

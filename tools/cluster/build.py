@@ -12,6 +12,7 @@ concurrent test sessions never see a half-written binary.
     python -m tools.cluster.build kube-apiserver kwok ...    # build (or find) these, print paths
     python -m tools.cluster.build --all
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -59,7 +60,9 @@ BINARIES = {
         Binary(
             "kube-controller-manager", "kubernetes", "k8s.io/kubernetes/cmd/kube-controller-manager", _kube_ldflags()
         ),
-        Binary("training-operator", "training-operator", "github.com/kubeflow/training-operator/cmd/training-operator.v1"),
+        Binary(
+            "training-operator", "training-operator", "github.com/kubeflow/training-operator/cmd/training-operator.v1"
+        ),
         Binary("kwok", "kwok", "sigs.k8s.io/kwok/cmd/kwok"),
         Binary("source-controller", "source-controller", "github.com/fluxcd/source-controller"),
         Binary("kustomize-controller", "kustomize-controller", "github.com/fluxcd/kustomize-controller"),

@@ -14,6 +14,7 @@ metadata of an encrypted Secret removed, as Flux's decryption does) and sent wit
 anything. The namespaces the overlays use are created first: a dry-run does not create a Namespace
 from the same request. A problem is one line: `<overlay path>: <the API server's message>`.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -56,8 +57,11 @@ def render(root: Path, path: str) -> list[dict[str, Any]]:
     """The objects kustomize-controller would apply for one overlay folder."""
     folder = root / path
     if any((folder / k).is_file() for k in KUSTOMIZATION_FILES):
-        res = subprocess.run([harness.tool_path("kustomize"), "build", "--load-restrictor=LoadRestrictionsNone",
-                                      str(folder)], capture_output=True, text=True)
+        res = subprocess.run(
+            [harness.tool_path("kustomize"), "build", "--load-restrictor=LoadRestrictionsNone", str(folder)],
+            capture_output=True,
+            text=True,
+        )
         if res.returncode != 0:
             raise ValueError(f"kustomize build failed: {res.stderr.strip()}")
         docs = [d for d in yaml.safe_load_all(res.stdout) if isinstance(d, dict)]
@@ -69,8 +73,9 @@ def render(root: Path, path: str) -> list[dict[str, Any]]:
 
 
 def ensure_namespaces(cluster: harness.Cluster, rendered: dict[str, list[dict[str, Any]]]) -> None:
-    names = {d["metadata"]["namespace"] for docs in rendered.values() for d in docs
-             if d.get("metadata", {}).get("namespace")}
+    names = {
+        d["metadata"]["namespace"] for docs in rendered.values() for d in docs if d.get("metadata", {}).get("namespace")
+    }
     names |= {d["metadata"]["name"] for docs in rendered.values() for d in docs if d.get("kind") == "Namespace"}
     cluster.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}} for n in sorted(names)])
 
@@ -89,8 +94,15 @@ def server_dry_run(cluster: harness.Cluster, root: Path, paths: list[str] | None
 
     def check(item: tuple[str, list[dict[str, Any]]]) -> list[str]:
         path, docs = item
-        res = cluster.kubectl_result("apply", "--dry-run=server", "--server-side", "--force-conflicts", "-f", "-",
-                                     stdin=yaml.safe_dump_all(docs, sort_keys=False))
+        res = cluster.kubectl_result(
+            "apply",
+            "--dry-run=server",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            "-",
+            stdin=yaml.safe_dump_all(docs, sort_keys=False),
+        )
         if res.returncode == 0:
             return []
         lines = [line for line in res.stderr.splitlines() if line.strip() and not line.lower().startswith("warning")]
@@ -105,8 +117,11 @@ def server_dry_run(cluster: harness.Cluster, root: Path, paths: list[str] | None
 def server_problems(root: Path, under: list[str] | None = None) -> tuple[int, list[str]]:
     """Start an API server with the pinned CRDs, dry-run the overlays (those under `under`, if given),
     stop it; (number of overlays checked, problems)."""
-    paths = [p for p in overlay_paths(root)
-             if not under or any(p == u or p.startswith(u.rstrip("/") + "/") or u in (".", "") for u in under)]
+    paths = [
+        p
+        for p in overlay_paths(root)
+        if not under or any(p == u or p.startswith(u.rstrip("/") + "/") or u in (".", "") for u in under)
+    ]
     if not paths:
         return 0, []
     cluster = harness.Cluster.start("api")
@@ -121,8 +136,10 @@ def main(argv: list[str]) -> int:
     checked, problems = server_problems(root, [str(Path(p).resolve().relative_to(root)) for p in argv] or None)
     for p in problems:
         print(p)
-    print(f"server-side dry-run of {checked} overlays: {'OK' if not problems else f'{len(problems)} problem(s)'}",
-          file=sys.stderr)
+    print(
+        f"server-side dry-run of {checked} overlays: {'OK' if not problems else f'{len(problems)} problem(s)'}",
+        file=sys.stderr,
+    )
     return 1 if problems else 0
 
 

@@ -14,6 +14,7 @@ What the clone changes, and nothing else:
 - the SOPS-encrypted Secrets -> the same Secrets encrypted for a test age key, which the test gives
   Flux as Secret flux-system/sops-age.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -33,8 +34,12 @@ import yaml
 
 from tools.cluster import harness, schemas
 
-GIT_ENV = {"GIT_AUTHOR_NAME": "harness", "GIT_AUTHOR_EMAIL": "harness@example.invalid",
-           "GIT_COMMITTER_NAME": "harness", "GIT_COMMITTER_EMAIL": "harness@example.invalid"}
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "harness",
+    "GIT_AUTHOR_EMAIL": "harness@example.invalid",
+    "GIT_COMMITTER_NAME": "harness",
+    "GIT_COMMITTER_EMAIL": "harness@example.invalid",
+}
 
 
 @dataclass
@@ -64,8 +69,9 @@ class Clone:
 def _git(cwd: Path, *args: str) -> str:
     import os
 
-    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True,
-                          env={**os.environ, **GIT_ENV}).stdout
+    return subprocess.run(
+        ["git", *args], cwd=cwd, check=True, capture_output=True, text=True, env={**os.environ, **GIT_ENV}
+    ).stdout
 
 
 def _publish(src: Path, bare: Path, branch: str = "main", tag: str | None = None) -> None:
@@ -80,10 +86,13 @@ def _publish(src: Path, bare: Path, branch: str = "main", tag: str | None = None
 
 def stub_chart(name: str, version: str) -> bytes:
     """A Helm chart that installs one ConfigMap: helm-controller's install, test and upgrade work on it."""
-    files = {f"{name}/Chart.yaml": f"apiVersion: v2\nname: {name}\nversion: {version}\n",
-             f"{name}/templates/configmap.yaml": (
-                 "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-stub\n"
-                 "data:\n  chart: " + name + "\n")}
+    files = {
+        f"{name}/Chart.yaml": f"apiVersion: v2\nname: {name}\nversion: {version}\n",
+        f"{name}/templates/configmap.yaml": (
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-stub\n"
+            "data:\n  chart: " + name + "\n"
+        ),
+    }
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w") as tar:
         for path, text in files.items():
@@ -100,10 +109,18 @@ def _sha(data: bytes) -> str:
 
 def _oci_push(root: Path, name: str, tag: str, chart: bytes, layer_type: str) -> None:
     config = b"{}"
-    manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                           "config": {"mediaType": "application/vnd.cncf.helm.config.v1+json",
-                                      "digest": _sha(config), "size": len(config)},
-                           "layers": [{"mediaType": layer_type, "digest": _sha(chart), "size": len(chart)}]}).encode()
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {
+                "mediaType": "application/vnd.cncf.helm.config.v1+json",
+                "digest": _sha(config),
+                "size": len(config),
+            },
+            "layers": [{"mediaType": layer_type, "digest": _sha(chart), "size": len(chart)}],
+        }
+    ).encode()
     base = root / "oci" / name
     (base / "blobs").mkdir(parents=True, exist_ok=True)
     (base / "manifests").mkdir(parents=True, exist_ok=True)
@@ -122,8 +139,13 @@ def prepare(work: Path, server: str, webhook_port: int) -> Clone:
     serve, repo = work / "serve", work / "repo"
     for sub in ("git", "static", "oci"):
         (serve / sub).mkdir(parents=True, exist_ok=True)
-    files = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=harness.REPO_ROOT,
-                           check=True, capture_output=True, text=True).stdout.split("\0")
+    files = subprocess.run(
+        ["git", "ls-files", "-z", "-co", "--exclude-standard"],
+        cwd=harness.REPO_ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split("\0")
     for f in filter(None, files):
         src = harness.REPO_ROOT / f
         if src.is_file():
@@ -145,8 +167,16 @@ def prepare(work: Path, server: str, webhook_port: int) -> Clone:
                 replacements[spec["url"]] = f"{server}/helm/{d['metadata']['name']}/"
                 charts.setdefault(d["metadata"]["name"], [])
             elif kind == "OCIRepository":
-                oci.append((f, spec["url"], spec["ref"]["tag"], spec.get("layerSelector", {}).get(
-                    "mediaType", "application/vnd.cncf.helm.chart.content.v1.tar+gzip")))
+                oci.append(
+                    (
+                        f,
+                        spec["url"],
+                        spec["ref"]["tag"],
+                        spec.get("layerSelector", {}).get(
+                            "mediaType", "application/vnd.cncf.helm.chart.content.v1.tar+gzip"
+                        ),
+                    )
+                )
             elif kind == "HelmRelease" and "chart" in spec:
                 cs = spec["chart"]["spec"]
                 charts.setdefault(cs["sourceRef"]["name"], []).append((cs["chart"], str(cs["version"])))
@@ -169,12 +199,19 @@ def prepare(work: Path, server: str, webhook_port: int) -> Clone:
         for chart, version in entries:
             tgz = stub_chart(chart, version)
             (folder / f"{chart}-{version}.tgz").write_bytes(tgz)
-            index.setdefault(chart, []).append({"apiVersion": "v2", "name": chart, "version": version,
-                                                "urls": [f"{server}/helm/{repo_name}/{chart}-{version}.tgz"],
-                                                "digest": hashlib.sha256(tgz).hexdigest(),
-                                                "created": "2026-11-30T00:00:00Z"})
-        (folder / "index.yaml").write_text(yaml.safe_dump({"apiVersion": "v1", "entries": index,
-                                                           "generated": "2026-11-30T00:00:00Z"}))
+            index.setdefault(chart, []).append(
+                {
+                    "apiVersion": "v2",
+                    "name": chart,
+                    "version": version,
+                    "urls": [f"{server}/helm/{repo_name}/{chart}-{version}.tgz"],
+                    "digest": hashlib.sha256(tgz).hexdigest(),
+                    "created": "2026-11-30T00:00:00Z",
+                }
+            )
+        (folder / "index.yaml").write_text(
+            yaml.safe_dump({"apiVersion": "v1", "entries": index, "generated": "2026-11-30T00:00:00Z"})
+        )
     age_key = _reencrypt_secrets(work, repo)
     clone = Clone(repo, serve / "git" / "fsdp-gitops.git", repo_url, age_key, upstream)
     clone.localize()
@@ -185,16 +222,20 @@ def prepare(work: Path, server: str, webhook_port: int) -> Clone:
 def _operator_repo(src: Path, bare: Path, tag: str, webhook_port: int) -> None:
     """The operator's standalone overlay, rendered once with its webhooks on loopback, as its own repo."""
     module = schemas.module_dir(schemas.Source("training-operator", "github.com/kubeflow/training-operator", ()))
-    rendered = subprocess.run([harness.tool_path("kustomize"), "build",
-                               str(module / "manifests" / "overlays" / "standalone")],
-                              check=True, capture_output=True, text=True).stdout
+    rendered = subprocess.run(
+        [harness.tool_path("kustomize"), "build", str(module / "manifests" / "overlays" / "standalone")],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     docs = [d for d in yaml.safe_load_all(rendered) if isinstance(d, dict)]
     keep = [d for d in docs if d["kind"] == "Deployment"]  # Flux runs it as upstream does; kwok runs its pod
     out = src / "manifests" / "overlays" / "standalone"
     out.mkdir(parents=True)
     (out / "all.yaml").write_text(yaml.safe_dump_all(harness.operator_manifests(docs, webhook_port) + keep))
-    (out / "kustomization.yaml").write_text("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-                                            "resources:\n  - all.yaml\n")
+    (out / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - all.yaml\n"
+    )
     _publish(src, bare, branch="master", tag=tag)
 
 
@@ -214,9 +255,25 @@ def _reencrypt_secrets(work: Path, repo: Path) -> str:
             plain.append(d)
         tmp = work / "plain.yaml"
         tmp.write_text(yaml.safe_dump_all(plain))
-        enc = subprocess.run([harness.tool_path("sops"), "--encrypt", "--age", recipient, "--encrypted-regex",
-                              "^(data|stringData)$", "--input-type", "yaml", "--output-type", "yaml", str(tmp)],
-                             cwd=work, check=True, capture_output=True, text=True).stdout
+        enc = subprocess.run(
+            [
+                harness.tool_path("sops"),
+                "--encrypt",
+                "--age",
+                recipient,
+                "--encrypted-regex",
+                "^(data|stringData)$",
+                "--input-type",
+                "yaml",
+                "--output-type",
+                "yaml",
+                str(tmp),
+            ],
+            cwd=work,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         f.write_text(enc)
     return key
 
@@ -225,23 +282,44 @@ def bootstrap(cluster: harness.Cluster, clone: Clone, name: str) -> None:
     """What `flux bootstrap` leaves behind for cluster `name`: the age key, the repository's own
     GitRepository (exactly as overlays/clusters/<name>/sources.yaml has it, so Flux does not rebuild the
     artifact under kustomize-controller when it applies that file) and a Kustomization of the entry point."""
-    cluster.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "flux-system"}},
-                   {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "sops-age", "namespace": "flux-system"},
-                    "stringData": {"age.agekey": clone.age_key}}])
+    cluster.apply(
+        [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "flux-system"}},
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": "sops-age", "namespace": "flux-system"},
+                "stringData": {"age.agekey": clone.age_key},
+            },
+        ]
+    )
     sources = _docs(clone.repo / "overlays" / "clusters" / name / "sources.yaml")
     own = [d for d in sources if d["kind"] == "GitRepository" and d["spec"]["url"] == clone.url]
-    cluster.apply(own + [{"apiVersion": "kustomize.toolkit.fluxcd.io/v1", "kind": "Kustomization",
-                          "metadata": {"name": "flux-system", "namespace": "flux-system"},
-                          "spec": {"interval": "10m", "path": f"./overlays/clusters/{name}", "prune": True,
-                                   "sourceRef": {"kind": "GitRepository", "name": own[0]["metadata"]["name"]}}}])
+    cluster.apply(
+        own
+        + [
+            {
+                "apiVersion": "kustomize.toolkit.fluxcd.io/v1",
+                "kind": "Kustomization",
+                "metadata": {"name": "flux-system", "namespace": "flux-system"},
+                "spec": {
+                    "interval": "10m",
+                    "path": f"./overlays/clusters/{name}",
+                    "prune": True,
+                    "sourceRef": {"kind": "GitRepository", "name": own[0]["metadata"]["name"]},
+                },
+            }
+        ]
+    )
 
 
 def reconcile_now(cluster: harness.Cluster) -> None:
     """`flux reconcile source git`: ask for a fetch now instead of waiting for the interval."""
     stamp = str(time.time())
     for kind in ("gitrepository", "kustomization"):
-        cluster.kubectl("annotate", "--overwrite", "-n", "flux-system", kind, "--all",
-                        f"reconcile.fluxcd.io/requestedAt={stamp}")
+        cluster.kubectl(
+            "annotate", "--overwrite", "-n", "flux-system", kind, "--all", f"reconcile.fluxcd.io/requestedAt={stamp}"
+        )
 
 
 def not_ready(cluster: harness.Cluster) -> dict[str, str]:
@@ -251,5 +329,7 @@ def not_ready(cluster: harness.Cluster) -> dict[str, str]:
         for item in cluster.get(kind)["items"]:
             ready = next((c for c in item.get("status", {}).get("conditions", []) if c["type"] == "Ready"), {})
             if ready.get("status") != "True":
-                out[f"{item['kind']}/{item['metadata']['namespace']}/{item['metadata']['name']}"] = ready.get("message", "no status yet")
+                out[f"{item['kind']}/{item['metadata']['namespace']}/{item['metadata']['name']}"] = ready.get(
+                    "message", "no status yet"
+                )
     return out

@@ -26,6 +26,7 @@ server over loopback. The operator's mount namespace has a /tmp of its own (a tm
 work folder and moved over /tmp) that shows the cache and work folders at their own paths when they lie
 under /tmp, so FSDP_GITOPS_CACHE may point anywhere.
 """
+
 from __future__ import annotations
 
 import base64
@@ -38,9 +39,10 @@ import subprocess
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import yaml
 
@@ -96,7 +98,7 @@ class Cluster:
     # ------------------------------------------------------------------------------------- start/stop
 
     @classmethod
-    def start(cls, level: str = "api") -> "Cluster":
+    def start(cls, level: str = "api") -> Cluster:
         """Start the parts of `level` ("api" or "operator"); on any failure stop what started and raise."""
         root = build.cache_root() / "run"
         root.mkdir(parents=True, exist_ok=True)
@@ -126,9 +128,15 @@ class Cluster:
     def pids(self) -> set[int]:
         return {p.pid for p in self.procs.values()}
 
-    def _start(self, name: str, args: list[str], env: dict[str, str] | None = None,
-               private_ns: bool = False, mounts: Iterable[tuple[Path | str, str]] = (),
-               private_tmp: bool = False) -> Process:
+    def _start(
+        self,
+        name: str,
+        args: list[str],
+        env: dict[str, str] | None = None,
+        private_ns: bool = False,
+        mounts: Iterable[tuple[Path | str, str]] = (),
+        private_tmp: bool = False,
+    ) -> Process:
         """Start a component; with private_ns inside its own mount namespace, where the webhook's host
         name resolves to 127.0.0.1 (see the module docstring)."""
         if private_ns:
@@ -146,7 +154,7 @@ class Cluster:
                 if private_tmp:
                     if not dst.startswith("/tmp/"):
                         raise ValueError(f"{dst}: with private_tmp, mounts go under /tmp")
-                    dst = f"{stage}/{dst[len('/tmp/'):]}"
+                    dst = f"{stage}/{dst[len('/tmp/') :]}"
                 script += [f"mkdir -p {dst}", f"mount --bind {src} {dst}"]
             if private_tmp:
                 script.append(f"mount --move {stage} /tmp")
@@ -167,9 +175,24 @@ class Cluster:
         pki = self.work / "pki"
         pki.mkdir()
         run = lambda *a: subprocess.run(a, check=True, capture_output=True, cwd=pki)  # noqa: E731
-        run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "apiserver.key",
-            "-out", "apiserver.crt", "-days", "2", "-subj", "/CN=kube-apiserver",
-            "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost")
+        run(
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "apiserver.key",
+            "-out",
+            "apiserver.crt",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=kube-apiserver",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost",
+        )
         run("openssl", "genrsa", "-out", "sa.key", "2048")
         run("openssl", "rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub")
         (pki / "tokens.csv").write_text(f'{TOKEN},admin,admin-uid,"system:masters"\n')
@@ -180,43 +203,73 @@ class Cluster:
     def _etcd(self) -> None:
         client, peer = free_port(), free_port()
         self.etcd_url = f"http://127.0.0.1:{client}"
-        proc = self._start("etcd", [
-            etcd_path(), "--name=harness", f"--data-dir={self.work / 'etcd'}",
-            f"--listen-client-urls={self.etcd_url}", f"--advertise-client-urls={self.etcd_url}",
-            f"--listen-peer-urls=http://127.0.0.1:{peer}", f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
-            f"--initial-cluster=harness=http://127.0.0.1:{peer}",
-        ])
+        proc = self._start(
+            "etcd",
+            [
+                etcd_path(),
+                "--name=harness",
+                f"--data-dir={self.work / 'etcd'}",
+                f"--listen-client-urls={self.etcd_url}",
+                f"--advertise-client-urls={self.etcd_url}",
+                f"--listen-peer-urls=http://127.0.0.1:{peer}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+                f"--initial-cluster=harness=http://127.0.0.1:{peer}",
+            ],
+        )
         proc.wait_ready(lambda: _get(f"{self.etcd_url}/health") is not None, 30, "healthy")
 
     def _apiserver(self) -> None:
         port = free_port()
         pki = self.work / "pki"
         self.server = f"https://127.0.0.1:{port}"
-        proc = self._start("kube-apiserver", [
-            build.binary("kube-apiserver"), f"--etcd-servers={self.etcd_url}", "--bind-address=127.0.0.1",
-            f"--secure-port={port}", "--advertise-address=127.0.0.1",
-            f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
-            f"--token-auth-file={pki / 'tokens.csv'}", "--authorization-mode=RBAC", "--anonymous-auth=false",
-            f"--service-account-key-file={pki / 'sa.pub'}", f"--service-account-signing-key-file={pki / 'sa.key'}",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
-            "--enable-priority-and-fairness=false", "--storage-media-type=application/json",
-            f"--cert-dir={self.work / 'apiserver-certs'}",
-            # With WatchList on, the server turns every watch from resourceVersion "" or "0" that allows
-            # bookmarks into a watch stream (SendInitialEvents), which etcd 3.5.1 cannot serve (no
-            # RequestWatchProgress): such a watch ends at once with an error. kwok opens all its watches
-            # at "0", so it saw pod and node changes only at its backed-off relists, up to ~30 s late.
-            # Off, such a watch is the classic one: the current objects as ADDED, then the changes.
-            "--feature-gates=WatchList=false",
-        ], private_ns=True)
+        proc = self._start(
+            "kube-apiserver",
+            [
+                build.binary("kube-apiserver"),
+                f"--etcd-servers={self.etcd_url}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                "--advertise-address=127.0.0.1",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--token-auth-file={pki / 'tokens.csv'}",
+                "--authorization-mode=RBAC",
+                "--anonymous-auth=false",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                "--service-cluster-ip-range=10.0.0.0/24",
+                "--allow-privileged=true",
+                "--enable-priority-and-fairness=false",
+                "--storage-media-type=application/json",
+                f"--cert-dir={self.work / 'apiserver-certs'}",
+                # With WatchList on, the server turns every watch from resourceVersion "" or "0" that allows
+                # bookmarks into a watch stream (SendInitialEvents), which etcd 3.5.1 cannot serve (no
+                # RequestWatchProgress): such a watch ends at once with an error. kwok opens all its watches
+                # at "0", so it saw pod and node changes only at its backed-off relists, up to ~30 s late.
+                # Off, such a watch is the classic one: the current objects as ADDED, then the changes.
+                "--feature-gates=WatchList=false",
+            ],
+            private_ns=True,
+        )
         self.kubeconfig = self.work / "kubeconfig"
-        self.kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "harness",
-            "clusters": [{"name": "harness", "cluster": {"server": self.server,
-                                                         "certificate-authority": str(pki / "apiserver.crt")}}],
-            "users": [{"name": "admin", "user": {"token": TOKEN}}],
-            "contexts": [{"name": "harness", "context": {"cluster": "harness", "user": "admin"}}],
-        }))
+        self.kubeconfig.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "harness",
+                    "clusters": [
+                        {
+                            "name": "harness",
+                            "cluster": {"server": self.server, "certificate-authority": str(pki / "apiserver.crt")},
+                        }
+                    ],
+                    "users": [{"name": "admin", "user": {"token": TOKEN}}],
+                    "contexts": [{"name": "harness", "context": {"cluster": "harness", "user": "admin"}}],
+                }
+            )
+        )
         self._ssl = ssl.create_default_context(cafile=str(pki / "apiserver.crt"))
         proc.wait_ready(lambda: self._api_get("/readyz") == "ok", 120, "ready")
 
@@ -239,57 +292,99 @@ class Cluster:
 
     def _scheduler(self) -> None:
         port = free_port()
-        proc = self._start("kube-scheduler", [
-            build.binary("kube-scheduler"), *self._component_kubeconfig_flags(), "--leader-elect=false",
-            "--feature-gates=WatchListClient=false",
-            "--bind-address=127.0.0.1", f"--secure-port={port}"])
+        proc = self._start(
+            "kube-scheduler",
+            [
+                build.binary("kube-scheduler"),
+                *self._component_kubeconfig_flags(),
+                "--leader-elect=false",
+                "--feature-gates=WatchListClient=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+            ],
+        )
         proc.wait_ready(lambda: _get(f"https://127.0.0.1:{port}/healthz", insecure=True) == "ok", 60, "healthy")
 
     def _controller_manager(self) -> None:
         port = free_port()
         pki = self.work / "pki"
-        proc = self._start("kube-controller-manager", [
-            build.binary("kube-controller-manager"), *self._component_kubeconfig_flags(), "--leader-elect=false",
-            "--bind-address=127.0.0.1", f"--secure-port={port}",
-            f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'apiserver.crt'}",
-            "--use-service-account-credentials=false", "--feature-gates=WatchListClient=false",
-            "--controllers=*,-cloud-node-lifecycle-controller,-service-lb-controller,-node-route-controller",
-            # kwok posts the fake nodes' status; on a busy machine a late heartbeat must not mark their
-            # pods unready (nothing sets them ready again: no kubelet runs them).
-            "--node-monitor-grace-period=1h"])
+        proc = self._start(
+            "kube-controller-manager",
+            [
+                build.binary("kube-controller-manager"),
+                *self._component_kubeconfig_flags(),
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                f"--root-ca-file={pki / 'apiserver.crt'}",
+                "--use-service-account-credentials=false",
+                "--feature-gates=WatchListClient=false",
+                "--controllers=*,-cloud-node-lifecycle-controller,-service-lb-controller,-node-route-controller",
+                # kwok posts the fake nodes' status; on a busy machine a late heartbeat must not mark their
+                # pods unready (nothing sets them ready again: no kubelet runs them).
+                "--node-monitor-grace-period=1h",
+            ],
+        )
         proc.wait_ready(lambda: _get(f"https://127.0.0.1:{port}/healthz", insecure=True) == "ok", 60, "healthy")
 
     def _kwok(self) -> None:
         kwok_dir = schemas.module_dir(schemas.Source("kwok", "sigs.k8s.io/kwok", ()))
         stages = []
         for stage in ("node/fast", "node/heartbeat", "pod/fast"):
-            out = subprocess.run([tool_path("kustomize"), "build", str(kwok_dir / "kustomize" / "stage" / stage)],
-                                 check=True, capture_output=True, text=True).stdout
+            out = subprocess.run(
+                [tool_path("kustomize"), "build", str(kwok_dir / "kustomize" / "stage" / stage)],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
             stages.append(out)
         config = self.work / "kwok-stages.yaml"
         config.write_text("---\n".join(stages))
         metrics = free_port()
-        self._start("kwok", [
-            build.binary("kwok"), f"--config={config}", f"--kubeconfig={self.kubeconfig}",
-            "--manage-all-nodes=false", f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake",
-            "--cidr=10.244.0.0/16", "--node-ip=10.1.0.1", f"--server-address=127.0.0.1:{metrics}"])
+        self._start(
+            "kwok",
+            [
+                build.binary("kwok"),
+                f"--config={config}",
+                f"--kubeconfig={self.kubeconfig}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake",
+                "--cidr=10.244.0.0/16",
+                "--node-ip=10.1.0.1",
+                f"--server-address=127.0.0.1:{metrics}",
+            ],
+        )
 
     def _training_operator(self) -> None:
         op_dir = schemas.module_dir(schemas.Source("training-operator", "github.com/kubeflow/training-operator", ()))
         self.webhook_port = free_port()
-        docs = yaml.safe_load_all(subprocess.run(
-            [tool_path("kustomize"), "build", str(op_dir / "manifests" / "overlays" / "standalone")],
-            check=True, capture_output=True, text=True).stdout)
+        docs = yaml.safe_load_all(
+            subprocess.run(
+                [tool_path("kustomize"), "build", str(op_dir / "manifests" / "overlays" / "standalone")],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+        )
         self.apply(operator_manifests(list(docs), self.webhook_port))
         certs = self.work / "operator-certs"
         certs.mkdir()
         health, metrics = free_port(), free_port()
-        proc = self._start("training-operator", [
-            build.binary("training-operator"), "--enable-scheme=pytorchjob",
-            f"--metrics-bind-address=127.0.0.1:{metrics}", f"--health-probe-bind-address=127.0.0.1:{health}",
-            f"--webhook-server-port={self.webhook_port}"],
+        proc = self._start(
+            "training-operator",
+            [
+                build.binary("training-operator"),
+                "--enable-scheme=pytorchjob",
+                f"--metrics-bind-address=127.0.0.1:{metrics}",
+                f"--health-probe-bind-address=127.0.0.1:{health}",
+                f"--webhook-server-port={self.webhook_port}",
+            ],
             env={"KUBECONFIG": str(self.kubeconfig), "PATH": "/usr/bin:/bin"},
-            private_ns=True, mounts=[(certs, OPERATOR_CERT_DIR)], private_tmp=True)
+            private_ns=True,
+            mounts=[(certs, OPERATOR_CERT_DIR)],
+            private_tmp=True,
+        )
 
         def certs_copied() -> bool:
             # What a kubelet would do: project the Secret the rotator filled into the operator's folder.
@@ -307,10 +402,19 @@ class Cluster:
         proc.wait_ready(self._webhook_answers, 60, "answering its webhook")
 
     def _webhook_answers(self) -> bool:
-        bad = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
-               "metadata": {"name": "harness-probe", "namespace": "default"},
-               "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 1, "template": {"spec": {
-                   "containers": [{"name": "not-pytorch", "image": "busybox:1.37"}]}}}}}}
+        bad = {
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "PyTorchJob",
+            "metadata": {"name": "harness-probe", "namespace": "default"},
+            "spec": {
+                "pytorchReplicaSpecs": {
+                    "Worker": {
+                        "replicas": 1,
+                        "template": {"spec": {"containers": [{"name": "not-pytorch", "image": "busybox:1.37"}]}},
+                    }
+                }
+            },
+        }
         res = self.kubectl_result("apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump(bad))
         return "denied the request" in res.stderr
 
@@ -322,21 +426,31 @@ class Cluster:
 
         port = free_port()
         (self.work / "serve").mkdir(exist_ok=True)
-        proc = self._start("sources-server", [sys.executable, "-m", "tools.cluster.servers", self.work / "serve", port],
-                           env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+        proc = self._start(
+            "sources-server",
+            [sys.executable, "-m", "tools.cluster.servers", self.work / "serve", port],
+            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        )
         proc.wait_ready(lambda: _get(f"http://127.0.0.1:{port}/v2/") is not None, 30, "serving")
         return f"http://127.0.0.1:{port}"
 
     def start_flux(self) -> None:
         """Flux source-, kustomize- and helm-controller, watching all namespaces, on loopback."""
-        env = {"KUBECONFIG": str(self.kubeconfig), "RUNTIME_NAMESPACE": "flux-system",
-               "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.work)}
-        common = ["--enable-leader-election=false", "--watch-all-namespaces=true", "--events-addr=",
-                  "--log-level=info"]
+        env = {
+            "KUBECONFIG": str(self.kubeconfig),
+            "RUNTIME_NAMESPACE": "flux-system",
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(self.work),
+        }
+        common = ["--enable-leader-election=false", "--watch-all-namespaces=true", "--events-addr=", "--log-level=info"]
         for name in ("source-controller", "kustomize-controller", "helm-controller"):
             metrics, health = free_port(), free_port()
-            args = [build.binary(name), *common, f"--metrics-addr=127.0.0.1:{metrics}",
-                    f"--health-addr=127.0.0.1:{health}"]
+            args = [
+                build.binary(name),
+                *common,
+                f"--metrics-addr=127.0.0.1:{metrics}",
+                f"--health-addr=127.0.0.1:{health}",
+            ]
             if name in ("kustomize-controller", "helm-controller"):
                 # A Kustomization or HelmRelease whose dependsOn is not Ready yet is looked at again
                 # after this delay (30 s by default): on a chain of five that is minutes of waiting.
@@ -345,8 +459,11 @@ class Cluster:
                 storage = free_port()
                 (self.work / "flux-storage").mkdir(exist_ok=True)
                 # The advertised address is where kustomize- and helm-controller download artifacts.
-                args += [f"--storage-path={self.work / 'flux-storage'}", f"--storage-addr=127.0.0.1:{storage}",
-                         f"--storage-adv-addr=127.0.0.1:{storage}"]
+                args += [
+                    f"--storage-path={self.work / 'flux-storage'}",
+                    f"--storage-addr=127.0.0.1:{storage}",
+                    f"--storage-adv-addr=127.0.0.1:{storage}",
+                ]
             proc = self._start(name, args, env=env)
             proc.wait_ready(lambda: _get(f"http://127.0.0.1:{health}/readyz") == "ok", 60, "ready")
 
@@ -364,32 +481,64 @@ class Cluster:
             resources |= {"nvidia.com/gpu": str(it.num_gpus), "vpc.amazonaws.com/efa": str(it.num_efa)}
         prefix = it.name.replace(".", "-") + ("" if advertised else "-unadvertised")
         names = [f"{prefix}-{i}" for i in range(first, first + count)]
-        self.apply([fake_node(n, {"node.kubernetes.io/instance-type": it.name}, resources,
-                              taints=[{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}])
-                    for n in names])
+        self.apply(
+            [
+                fake_node(
+                    n,
+                    {"node.kubernetes.io/instance-type": it.name},
+                    resources,
+                    taints=[{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}],
+                )
+                for n in names
+            ]
+        )
         return names
 
     def add_cpu_node(self, name: str = "cpu-0") -> str:
         """An untainted node for the controllers' own pods (etcd, operators)."""
-        self.apply([fake_node(name, {"node.kubernetes.io/instance-type": "m6i.4xlarge"},
-                              {"cpu": "16", "memory": "64Gi", "pods": "110"})])
+        self.apply(
+            [
+                fake_node(
+                    name,
+                    {"node.kubernetes.io/instance-type": "m6i.4xlarge"},
+                    {"cpu": "16", "memory": "64Gi", "pods": "110"},
+                )
+            ]
+        )
         return name
 
     def add_shared_volume(self, pvc: dict[str, Any]) -> None:
         """A static PersistentVolume bound to `pvc` (what the FSx CSI driver would provision)."""
         meta, spec = pvc["metadata"], pvc["spec"]
-        self.apply([{"apiVersion": "v1", "kind": "PersistentVolume",
-                     "metadata": {"name": f"{meta['namespace']}-{meta['name']}"},
-                     "spec": {"capacity": {"storage": spec["resources"]["requests"]["storage"]},
-                              "accessModes": spec["accessModes"], "storageClassName": spec.get("storageClassName", ""),
-                              "hostPath": {"path": f"/fake/{meta['name']}"},
-                              "claimRef": {"namespace": meta["namespace"], "name": meta["name"]}}}])
+        self.apply(
+            [
+                {
+                    "apiVersion": "v1",
+                    "kind": "PersistentVolume",
+                    "metadata": {"name": f"{meta['namespace']}-{meta['name']}"},
+                    "spec": {
+                        "capacity": {"storage": spec["resources"]["requests"]["storage"]},
+                        "accessModes": spec["accessModes"],
+                        "storageClassName": spec.get("storageClassName", ""),
+                        "hostPath": {"path": f"/fake/{meta['name']}"},
+                        "claimRef": {"namespace": meta["namespace"], "name": meta["name"]},
+                    },
+                }
+            ]
+        )
 
     # ---------------------------------------------------------------------------------------- kubectl
 
-    def kubectl_result(self, *args: str, stdin: str | None = None, timeout_s: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run([tool_path("kubectl"), f"--kubeconfig={self.kubeconfig}", *args], input=stdin,
-                              capture_output=True, text=True, timeout=timeout_s)
+    def kubectl_result(
+        self, *args: str, stdin: str | None = None, timeout_s: float = 300
+    ) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [tool_path("kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
 
     def kubectl(self, *args: str, stdin: str | None = None, timeout_s: float = 300) -> str:
         res = self.kubectl_result(*args, stdin=stdin, timeout_s=timeout_s)
@@ -398,8 +547,9 @@ class Cluster:
         return res.stdout
 
     def apply(self, docs: list[dict[str, Any]]) -> str:
-        return self.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
-                            stdin=yaml.safe_dump_all(docs, sort_keys=False))
+        return self.kubectl(
+            "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=yaml.safe_dump_all(docs, sort_keys=False)
+        )
 
     def get(self, kind: str, namespace: str | None = None, name: str = "", selector: str = "") -> Any:
         args = ["get", kind, *([name] if name else []), "-o", "json"]
@@ -423,14 +573,26 @@ class Cluster:
             time.sleep(1)
 
 
-def fake_node(name: str, labels: dict[str, str], resources: dict[str, str],
-              taints: list[dict[str, str]] | None = None) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "annotations": {FAKE_NODE_ANNOTATION: "fake"},
-                         "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
-                                    "kubernetes.io/arch": "amd64", "type": "kwok", **labels}},
-            "spec": {"taints": taints or []},
-            "status": {"allocatable": resources, "capacity": resources}}
+def fake_node(
+    name: str, labels: dict[str, str], resources: dict[str, str], taints: list[dict[str, str]] | None = None
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {FAKE_NODE_ANNOTATION: "fake"},
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+                **labels,
+            },
+        },
+        "spec": {"taints": taints or []},
+        "status": {"allocatable": resources, "capacity": resources},
+    }
 
 
 def operator_manifests(docs: list[dict[str, Any]], webhook_port: int) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ KeyboardInterrupt or an exception between fixtures. Readiness waits always check
 is still alive and have a deadline: a port another program took shows up as the process's own
 error (for example "address already in use") within seconds, never as a hang.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -16,9 +17,9 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 _PR_SET_PDEATHSIG = 1
 
@@ -52,15 +53,19 @@ class Process:
         deadline = time.monotonic() + timeout_s
         while True:
             if self.popen.poll() is not None:
-                raise StartError(f"{self.name} exited with {self.popen.returncode} before it was {what}; "
-                                 f"end of {self.log}:\n{self.tail()}")
+                raise StartError(
+                    f"{self.name} exited with {self.popen.returncode} before it was {what}; "
+                    f"end of {self.log}:\n{self.tail()}"
+                )
             try:
                 if check():
                     return
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                raise StartError(f"{self.name} was not {what} after {timeout_s:.0f} s; end of {self.log}:\n{self.tail()}")
+                raise StartError(
+                    f"{self.name} was not {what} after {timeout_s:.0f} s; end of {self.log}:\n{self.tail()}"
+                )
             time.sleep(0.25)
 
 
@@ -70,13 +75,19 @@ STARTED: list[int] = []
 PORTS: set[int] = set()
 
 
-def start(name: str, args: list[str], log: Path, env: dict[str, str] | None = None,
-          cwd: Path | None = None) -> Process:
+def start(name: str, args: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None) -> Process:
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
-        popen = subprocess.Popen([str(a) for a in args], stdout=out, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, env=env, cwd=cwd, start_new_session=True,
-                                 preexec_fn=_die_with_parent)
+        popen = subprocess.Popen(
+            [str(a) for a in args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
     proc = Process(name, popen, log)
     _RUNNING[popen.pid] = proc
     STARTED.append(popen.pid)

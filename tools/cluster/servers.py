@@ -10,6 +10,7 @@
 
 It binds 127.0.0.1 only. Everything is served as the test wrote it; nothing is fetched.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -50,15 +51,22 @@ class Handler(SimpleHTTPRequestHandler):
         self.send_error(405)
 
     def _git(self) -> None:
-        path, _, query = self.path[len("/git"):].partition("?")
+        path, _, query = self.path[len("/git") :].partition("?")
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GIT_PROJECT_ROOT": str(self.root / "git"),
-               "GIT_HTTP_EXPORT_ALL": "1", "REQUEST_METHOD": self.command, "PATH_INFO": path,
-               "QUERY_STRING": query, "CONTENT_TYPE": self.headers.get("Content-Type", ""),
-               "CONTENT_LENGTH": str(len(body)), "REMOTE_ADDR": "127.0.0.1",
-               "HTTP_CONTENT_ENCODING": self.headers.get("Content-Encoding", ""),
-               "GIT_PROTOCOL": self.headers.get("Git-Protocol", "")}
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "GIT_PROJECT_ROOT": str(self.root / "git"),
+            "GIT_HTTP_EXPORT_ALL": "1",
+            "REQUEST_METHOD": self.command,
+            "PATH_INFO": path,
+            "QUERY_STRING": query,
+            "CONTENT_TYPE": self.headers.get("Content-Type", ""),
+            "CONTENT_LENGTH": str(len(body)),
+            "REMOTE_ADDR": "127.0.0.1",
+            "HTTP_CONTENT_ENCODING": self.headers.get("Content-Encoding", ""),
+            "GIT_PROTOCOL": self.headers.get("Git-Protocol", ""),
+        }
         out = subprocess.run(["git", "http-backend"], input=body, env=env, capture_output=True).stdout
         head, _, payload = out.partition(b"\r\n\r\n")
         status, headers = 200, []
@@ -88,7 +96,9 @@ class Handler(SimpleHTTPRequestHandler):
                 return self._send(200, data, ctype, body, digest="sha256:" + hashlib.sha256(data).hexdigest())
         if len(parts) >= 4 and parts[-2:] == ["tags", "list"]:
             name = "/".join(parts[1:-2])
-            tags = sorted(p.name for p in (self.root / "oci" / name / "manifests").glob("*") if not p.name.startswith("sha256"))
+            tags = sorted(
+                p.name for p in (self.root / "oci" / name / "manifests").glob("*") if not p.name.startswith("sha256")
+            )
             return self._send(200, json.dumps({"name": name, "tags": tags}).encode(), "application/json", body)
         return self._send(404, b'{"errors":[{"code":"NAME_UNKNOWN"}]}', "application/json", body)
 
