@@ -64,6 +64,7 @@ BINARIES = {
             "training-operator", "training-operator", "github.com/kubeflow/training-operator/cmd/training-operator.v1"
         ),
         Binary("kwok", "kwok", "sigs.k8s.io/kwok/cmd/kwok"),
+        Binary("kueue", "kueue", "sigs.k8s.io/kueue/cmd/kueue"),
         Binary("source-controller", "source-controller", "github.com/fluxcd/source-controller"),
         Binary("kustomize-controller", "kustomize-controller", "github.com/fluxcd/kustomize-controller"),
         Binary("helm-controller", "helm-controller", "github.com/fluxcd/helm-controller"),
