@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On a two-GPU H200 machine: the measurements of BENCHMARKS.md's two-GPU sections, in stages that each
+# On a two-GPU H200 machine: the measurements of benchmarks/reports/2026-11-30-h200x2-training.md, in stages that each
 # fit one device call. Results (JSON lines, logs) go to ${OUT:-/tmp/h200x2}.
 #   bash benchmarks/h200x2.sh preflight   # NCCL all-reduce bus bandwidth and transport over NVLink
 #   bash benchmarks/h200x2.sh suite7b     # Llama-2-7B on 2 GPUs: FSDP1 baseline, bf16, fp8, strategies

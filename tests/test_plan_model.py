@@ -32,7 +32,7 @@ SPEED_OUTSIDE = {
     (
         "h200x1-suite2.jsonl",
         "default-bf16-optimizer-state",
-    ): "the per-parameter eager bf16-moment update, replaced since by one compiled kernel (BENCHMARKS.md)",
+    ): "the per-parameter eager bf16-moment update, replaced since by one compiled kernel (benchmarks/reports/)",
     ("h200x1-explore.jsonl", "c-acnone-bf16opt"): "as above",
 }
 

@@ -21,8 +21,9 @@ def cfg_for(model: str, batch: int, **parallelism):
 
 
 def test_estimate_is_above_the_peaks_measured_on_one_h200():
-    # BENCHMARKS.md: Llama-2-7B, seq 4096, batch 2, compiled, one H200: 110.4 GiB peak allocated
-    # without checkpointing, 102.4 GiB with selective. The model must not under-estimate.
+    # benchmarks/reports/2026-11-29-h200-trainer-one-gpu.md: Llama-2-7B, seq 4096, batch 2, compiled, one H200:
+    # 110.4 GiB peak allocated without checkpointing, 102.4 GiB with selective. The model must not
+    # under-estimate.
     arch, cfg = MODELS["llama2-7b"], cfg_for("llama2-7b", 2)
     assert 110.4 < estimate_peak_gib(arch, cfg, 1, "none") < 110.4 * 1.15
     assert 102.4 < estimate_peak_gib(arch, cfg, 1, "selective") < 102.4 * 1.15

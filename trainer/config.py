@@ -138,7 +138,8 @@ class ParallelismConfig:
     # Selective checkpointing: checkpoint every Nth decoder layer.
     selective_ac_every: int = 2
     # torch.compile each decoder block (GPU only; ignored with a warning on CPU). On by default: it
-    # fuses the norms, rotary embedding and SwiGLU (BENCHMARKS.md measures what it adds).
+    # fuses the norms, rotary embedding and SwiGLU (what it adds is measured in
+    # benchmarks/reports/2026-11-29-h200-trainer-one-gpu.md).
     compile: bool = True
     # Parameters in bf16 with fp32 gradient reduction, or everything in fp32. fp8: as bf16, and the
     # decoder layers' linear projections compute in float8 (torchao, dynamic tensorwise scales);
@@ -146,7 +147,7 @@ class ParallelismConfig:
     precision: Literal["bf16", "fp8", "fp32"] = "bf16"
     # fp8 only: FSDP all-gathers the decoder weights in float8 (half the bytes of bf16). Off by
     # default: between two GPUs over NVLink the extra casts cost more than the traffic saved
-    # (BENCHMARKS.md); across nodes it can pay.
+    # (benchmarks/reports/2026-11-30-h200x2-training.md); across nodes it can pay.
     fp8_all_gather: bool = False
     # Keep the last decoder layer unsharded after forward: backward starts with it, so resharding
     # would only gather it again immediately.

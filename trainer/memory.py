@@ -71,7 +71,8 @@ GIB = 1024**3
 # its peak (reserved less allocated, smallest with full checkpointing: 3.8 GiB for Llama-2-7B and
 # 7.9 GiB for Llama-3.1-8B on one H200), the CUDA context and NCCL's buffers. FIT_FRACTION keeps the
 # rest free for the allocator: near capacity it frees and retries, which costs more than the
-# recomputation saved. Measured on one H200 (140.4 GiB, BENCHMARKS.md): Llama-3.1-8B with selective
+# recomputation saved. Measured on one H200 (140.4 GiB,
+# benchmarks/reports/2026-11-29-h200-trainer-one-gpu.md): Llama-3.1-8B with selective
 # checkpointing (peak 123.6 GiB, 138.5 GiB reserved) ran at 8,159 tokens/s, slower than full
 # checkpointing (8,596 at the same peak, 131.5 GiB reserved); Llama-2-7B without checkpointing
 # (110.4 GiB) was the fastest mode.

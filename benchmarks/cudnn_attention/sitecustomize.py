@@ -1,8 +1,8 @@
 """Put cuDNN attention first in PyTorch's SDPA backend priority for every process that imports it.
 
-For the attention ablation in BENCHMARKS.md: with this folder on PYTHONPATH, every Python process
-of the benchmark (torchrun's workers too) prefers cuDNN's fused attention over the default
-flash-attention kernel, with no change to the trainer:
+For the attention ablation in benchmarks/reports/2026-11-29-h200-trainer-one-gpu.md: with this folder on
+PYTHONPATH, every Python process of the benchmark (torchrun's workers too) prefers cuDNN's fused attention
+over the default flash-attention kernel, with no change to the trainer:
 
     PYTHONPATH=benchmarks/cudnn_attention torchrun --standalone --nproc_per_node=1 \
         benchmarks/train_bench.py --name default-cudnn-attention
