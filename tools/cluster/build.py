@@ -50,6 +50,13 @@ class Binary:
     module: str  # folder under tools/cluster/
     package: str
     ldflags: tuple[str, ...] = ()
+    tags: str = ""  # go build -tags
+    cgo: bool | None = None  # CGO_ENABLED: None leaves the environment's
+    out: str = ""  # file name when it differs from name (several CNI plugins in one folder)
+
+    @property
+    def file(self) -> str:
+        return self.out or self.name
 
 
 BINARIES = {
@@ -70,6 +77,29 @@ BINARIES = {
         Binary("helm-controller", "helm-controller", "github.com/fluxcd/helm-controller"),
         Binary("prometheus", "prometheus", "github.com/prometheus/prometheus/cmd/prometheus"),
         Binary("promtool", "prometheus", "github.com/prometheus/prometheus/cmd/promtool"),
+        # The real-pods level (tools/cluster/realpods.py): a kubelet, containerd with its runc shim, runc,
+        # the CNI bridge plugins, a trimmed CoreDNS and a pause program.
+        Binary("kubelet", "kubernetes", "k8s.io/kubernetes/cmd/kubelet", _kube_ldflags()),
+        *(
+            Binary(n, "containerd", f"github.com/containerd/containerd/v2/cmd/{n}", ("-s -w",), cgo=False)
+            for n in ("containerd", "containerd-shim-runc-v2", "ctr")
+        ),
+        # runc needs cgo and libseccomp (apt: libseccomp-dev): containerd gives every sandbox the
+        # RuntimeDefault seccomp profile, which a runc without the tag refuses.
+        Binary("runc", "runc", "github.com/opencontainers/runc", ("-s -w",), tags="seccomp", cgo=True),
+        *(
+            Binary(
+                f"cni-{n}",
+                "cni-plugins",
+                f"github.com/containernetworking/plugins/plugins/{p}",
+                ("-s -w",),
+                cgo=False,
+                out=n,
+            )
+            for n, p in (("bridge", "main/bridge"), ("host-local", "ipam/host-local"), ("loopback", "main/loopback"))
+        ),
+        Binary("coredns", "coredns", "fsdp-gitops/tools/cluster/coredns", ("-s -w",), cgo=False),
+        Binary("pause", "pause", "fsdp-gitops/tools/cluster/pause", ("-s -w",), cgo=False),
     )
 }
 
@@ -87,12 +117,14 @@ def _key(b: Binary) -> str:
     for f in ("go.mod", "go.sum"):
         h.update((HERE / b.module / f).read_bytes())
     h.update("\0".join(b.ldflags).encode())
+    if b.tags or b.cgo is not None:  # only where set, so the older binaries keep their keys
+        h.update(f"\0tags={b.tags}\0cgo={b.cgo}".encode())
     return h.hexdigest()[:16]
 
 
 def cached_path(name: str) -> Path:
     b = BINARIES[name]
-    return cache_root() / "bin" / f"{b.module}-{_key(b)}" / b.name
+    return cache_root() / "bin" / f"{b.module}-{_key(b)}" / b.file
 
 
 def binary(name: str) -> Path:
@@ -108,12 +140,16 @@ def binary(name: str) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another session may be building the same module
         if path.is_file():
             return path
-        tmp = path.with_name(f".{b.name}.{os.getpid()}.tmp")
+        tmp = path.with_name(f".{b.file}.{os.getpid()}.tmp")
         cmd = ["go", "build"]
         if b.ldflags:
             cmd += ["-ldflags", b.ldflags[0]]
+        if b.tags:
+            cmd += ["-tags", b.tags]
         cmd += ["-o", str(tmp), b.package]
         env = {**os.environ, "GOFLAGS": "-mod=mod", "GOTOOLCHAIN": "local"}
+        if b.cgo is not None:
+            env["CGO_ENABLED"] = "1" if b.cgo else "0"
         started = time.monotonic()
         print(f"building {b.name} from tools/cluster/{b.module} (cold: minutes)", file=sys.stderr, flush=True)
         proc = subprocess.run(cmd, cwd=HERE / b.module, env=env, capture_output=True, text=True)

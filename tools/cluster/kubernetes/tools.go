@@ -1,10 +1,11 @@
 //go:build tools
 
-// Package tools pins the Kubernetes control-plane binaries the cluster test harness runs.
+// Package tools pins the Kubernetes control-plane binaries and the kubelet the cluster test harness runs.
 package tools
 
 import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubelet"
 )

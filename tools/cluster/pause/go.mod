@@ -1,0 +1,3 @@
+module fsdp-gitops/tools/cluster/pause
+
+go 1.24.0
