@@ -1,15 +1,20 @@
 """Expand an experiment matrix into one kustomize overlay per run, plus each cluster's Flux entry.
 
-    python generators/expand.py matrix.yaml            # (re)write overlays/
+    python generators/expand.py matrix.yaml            # (re)write overlays/ and docs/generated/seed-plan.md
     python generators/expand.py matrix.yaml --check    # exit 1 naming every file that would change
     python generators/expand.py matrix.yaml --list     # table of the runs, writes nothing
     python generators/expand.py matrix.yaml --plan     # memory, speed, hours and cost of every run
     python generators/expand.py matrix.yaml --plan --base origin/main   # ... against another commit
-    python generators/expand.py matrix.yaml --out /tmp/overlays
+    python generators/expand.py matrix.yaml --out /tmp/overlays                 # the overlays only
+    python generators/expand.py matrix.yaml --out /tmp/o --plan-out /tmp/docs   # and the plan document
+
+The plan document is the --plan table of the matrix as a generated Markdown file, kept current by
+--check like the overlays; it lives outside overlays/, which holds only what Flux applies. Each of
+the two output directories is written all or nothing (generators/core/outdir.py), the overlays first.
 
 Bad input (the matrix or the options) prints one line on stderr naming the file, line, key and fix,
 and exits 2 without touching the output directory; other failures exit 1. The matrix format is
-described in generators/matrix/ and README.md.
+described in generators/matrix/ and docs/matrix.md.
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ from generators.render import Layout, layout_for, render
 REPO_ROOT = Path(__file__).resolve().parent.parent
 GENERATOR = writer.GENERATOR
 DEFAULT_OUT = REPO_ROOT / "overlays"
+# The plan document: outside overlays/ (Flux syncs that tree), with the repository's documentation.
+DEFAULT_PLAN_OUT = REPO_ROOT / "docs" / "generated"
+PLAN_DOCUMENT = "seed-plan.md"
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -49,6 +57,14 @@ DEFAULT_OUT = REPO_ROOT / "overlays"
     "cost); write nothing; exit 1 when a run cannot fit.",
 )
 @click.option(
+    "--plan-out",
+    "plan_out",
+    metavar="DIR",
+    default=None,
+    help=f"Directory of the plan document {PLAN_DOCUMENT} (default: the repository's docs/generated/, "
+    "or none when --out is given).",
+)
+@click.option(
     "--base",
     metavar="REF",
     default=None,
@@ -62,14 +78,23 @@ DEFAULT_OUT = REPO_ROOT / "overlays"
 )
 @errors_to_exit_codes
 def main(
-    matrix: str, out: str | None, check: bool, list_runs: bool, show_plan: bool, base: str | None, prices: str | None
+    matrix: str,
+    out: str | None,
+    plan_out: str | None,
+    check: bool,
+    list_runs: bool,
+    show_plan: bool,
+    base: str | None,
+    prices: str | None,
 ) -> None:
     """Expand MATRIX (an experiment matrix, e.g. matrix.yaml) into kustomize overlays."""
     if check and list_runs:
         raise InputError("choose one", key="--check and --list", fix="drop one of the two options")
-    if show_plan and (check or list_runs or out is not None):
+    if show_plan and (check or list_runs or out is not None or plan_out is not None):
         raise InputError(
-            "choose one", key="--plan and --check, --list or --out", fix="--plan writes nothing: drop the other option"
+            "choose one",
+            key="--plan and --check, --list, --out or --plan-out",
+            fix="--plan writes nothing: drop the other option",
         )
     if not show_plan and (base is not None or prices is not None):
         raise InputError(
@@ -90,9 +115,29 @@ def main(
     layout: Layout = layout_for(out_dir, REPO_ROOT)
     manifests: dict[str, Any] = render(plans, layout)
     files: dict[str, bytes] = writer.serialize(manifests, label)
+    more: list[tuple[Path, dict[str, bytes]]] = []
+    if plan_out is not None or out is None:
+        plan_dir = output_dir(plan_out, DEFAULT_PLAN_OUT, REPO_ROOT)
+        more.append(
+            (plan_dir, writer.serialize_markdown({PLAN_DOCUMENT: plan_document(matrix, label, m, runs)}, label))
+        )
 
-    rerun = f"python {GENERATOR} {matrix}" + (f" --out {out}" if out else "")
-    sync(out_dir, files, check=check, generator=GENERATOR, rerun=rerun, what=f"for {len(runs)} runs")
+    rerun = (
+        f"python {GENERATOR} {matrix}"
+        + (f" --out {out}" if out else "")
+        + (f" --plan-out {plan_out}" if plan_out else "")
+    )
+    sync(out_dir, files, check=check, generator=GENERATOR, rerun=rerun, what=f"for {len(runs)} runs", more=more)
+
+
+def plan_document(matrix_file: str, label: str, m: Matrix, runs: list[Run]) -> str:
+    """The plan document: the --plan table (every run fits here: plan() refused the matrix otherwise)."""
+    text, _ = plan_output(matrix_file, label, m, runs, None, None)
+    return (
+        f"# The plan of {label}\n\n"
+        f"Written by `python {GENERATOR} {label}` and checked by its `--check`; what the figures are and how\n"
+        "they are made: [docs/plan.md](../plan.md).\n\n" + text
+    )
 
 
 def print_plan(matrix_file: str, label: str, m: Matrix, runs: list[Run], base: str | None, prices: str | None) -> None:

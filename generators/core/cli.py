@@ -9,7 +9,7 @@ standalone mode does the exiting, so no module calls sys.exit.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -90,31 +90,52 @@ def output_dir(out: str | None, default: Path, repo_root: Path) -> Path:
     return out_dir
 
 
-def sync(out_dir: Path, files: Mapping[str, bytes], *, check: bool, generator: str, rerun: str, what: str) -> None:
+def sync(
+    out_dir: Path,
+    files: Mapping[str, bytes],
+    *,
+    check: bool,
+    generator: str,
+    rerun: str,
+    what: str,
+    more: Sequence[tuple[Path, Mapping[str, bytes]]] = (),
+) -> None:
     """Compare (--check: Failure naming each file that would change) or write the generated files.
 
     `what` says what the files are for, e.g. "for 30 runs"; `rerun` is the command that regenerates.
+    `more` are further output directories of the same command with their files (expand.py's plan
+    document beside overlays/, each checked with output_dir first): compared together with out_dir;
+    written after it, each directory all or nothing, once every one has been found to be the
+    generator's own (so bad input changes nothing).
     """
-    shown = display(out_dir)
     banner = writer.banner_prefix(generator).encode("ascii")
+    targets = [(out_dir, files), *more]
     if check:
-        changes = outdir.compare(out_dir, files, generator=generator, banner=banner, label=shown)
-        for rel in changes.created:
-            click.echo(f"missing: {shown}/{rel}")
-        for rel in changes.updated:
-            click.echo(f"differs: {shown}/{rel}")
-        for rel in changes.deleted:
-            click.echo(f"stale: {shown}/{rel}")
-        if changes.all():
-            raise Failure(f"{len(changes.all())} generated files are out of date; run: {rerun}")
-        click.echo(f"{len(files)} generated files {what} are up to date", err=True)
+        differing = 0
+        for directory, expected in targets:
+            shown = display(directory)
+            changes = outdir.compare(directory, expected, generator=generator, banner=banner, label=shown)
+            for rel in changes.created:
+                click.echo(f"missing: {shown}/{rel}")
+            for rel in changes.updated:
+                click.echo(f"differs: {shown}/{rel}")
+            for rel in changes.deleted:
+                click.echo(f"stale: {shown}/{rel}")
+            differing += len(changes.all())
+        if differing:
+            raise Failure(f"{differing} generated files are out of date; run: {rerun}")
+        click.echo(f"{sum(len(f) for _, f in targets)} generated files {what} are up to date", err=True)
         return
-    try:
-        changes = outdir.write(out_dir, files, generator=generator, banner=banner, label=shown)
-    except OSError as err:
-        raise Failure(f"error: writing {shown}: {err}") from None
-    click.echo(
-        f"{len(files)} files {what} under {shown}: {len(changes.created)} created, "
-        f"{len(changes.updated)} updated, {len(changes.deleted)} stale deleted",
-        err=True,
-    )
+    for directory, expected in more:  # out_dir's own write checks it before changing anything
+        outdir.compare(directory, expected, generator=generator, banner=banner, label=display(directory))
+    for directory, expected in targets:
+        shown = display(directory)
+        try:
+            changes = outdir.write(directory, expected, generator=generator, banner=banner, label=shown)
+        except OSError as err:
+            raise Failure(f"error: writing {shown}: {err}") from None
+        click.echo(
+            f"{len(expected)} files {what} under {shown}: {len(changes.created)} created, "
+            f"{len(changes.updated)} updated, {len(changes.deleted)} stale deleted",
+            err=True,
+        )

@@ -160,6 +160,30 @@ def banner(matrix_label: str, generator: str = GENERATOR) -> str:
     )
 
 
+def markdown_banner(matrix_label: str, generator: str = GENERATOR) -> str:
+    """The banner of a generated Markdown file: the same words in an HTML comment, which Markdown does
+    not show (a line starting with # would be a heading)."""
+    return (
+        f"<!-- {banner_prefix(generator)[2:]} from {matrix_label}. Do not edit by hand:\n"
+        f"     change {matrix_label} and run `python {generator} {matrix_label}`. -->\n"
+    )
+
+
+def serialize_markdown(files: Mapping[str, str], matrix_label: str, generator: str = GENERATOR) -> dict[str, bytes]:
+    """{relative path of a .md file: Markdown text} -> {relative path: file bytes}, each after the banner."""
+    head = markdown_banner(matrix_label, generator)
+    out: dict[str, bytes] = {}
+    for path in sorted(files):
+        norm = posixpath.normpath(path)
+        if path != norm or norm.startswith("../") or posixpath.isabs(norm) or not norm.endswith(".md"):
+            raise ValueError(f"generated path {path!r} must be a normalised relative path of a .md file")
+        text = head + files[path]
+        if not text.isascii():
+            raise ValueError(f"{path}: generated files are ASCII only")
+        out[path] = text.encode("ascii")
+    return out
+
+
 def _check_path(path: str) -> None:
     norm = posixpath.normpath(path)
     if not path or path != norm or norm.startswith("../") or posixpath.isabs(norm) or not norm.endswith(".yaml"):
