@@ -72,6 +72,7 @@ BINARIES = {
         ),
         Binary("kwok", "kwok", "sigs.k8s.io/kwok/cmd/kwok"),
         Binary("kueue", "kueue", "sigs.k8s.io/kueue/cmd/kueue"),
+        Binary("helm-template", "helm-template", "fsdp-gitops/tools/cluster/helm-template"),
         Binary("source-controller", "source-controller", "github.com/fluxcd/source-controller"),
         Binary("kustomize-controller", "kustomize-controller", "github.com/fluxcd/kustomize-controller"),
         Binary("helm-controller", "helm-controller", "github.com/fluxcd/helm-controller"),
