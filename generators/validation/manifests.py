@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from generators.core.yamlio import Doc as Doc  # re-exported: the validation steps import it from here
 from generators.core.yamlio import error_position
 
 # (group, kind) of the objects the checks look into.
