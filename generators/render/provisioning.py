@@ -28,12 +28,28 @@ What each cluster of the matrix gets (overlays/provisioning/<cluster>/eksctl.yam
   cluster with one instance type and one id (Karpenter has neither limit). With `capacity_blocks`
   the id is a Capacity Block for ML and the group launches with market type capacity-block (Karpenter
   finds Capacity Blocks through the same capacityReservationSelectorTerms, capacity type reserved).
+  Each GPU node group also carries the cluster autoscaler's GPU label (ACCELERATOR_LABEL, as a node
+  label and as a scale-from-zero tag), so the autoscaler counts a new node's GPUs as coming while the
+  device plugin starts instead of starting more nodes, and EKS node auto repair (NODE_REPAIR).
 With --karpenter the GPU node groups are left out; eksctl installs Karpenter (KARPENTER_VERSION) and
 overlays/provisioning/<cluster>/karpenter/ holds one EC2NodeClass (AL2023 NVIDIA AMI, private subnets
 and security groups found by the karpenter.sh/discovery tag, the root volume, every capacity
 reservation of the cluster) and one NodePool per instance type (zone, taint, a GPU limit of
 max_nodes nodes, consolidation only when empty so no running job is disrupted). Pods that request
 vpc.amazonaws.com/efa make Karpenter attach EFA interfaces.
+
+Two CloudFormation templates per cluster, for what eksctl cannot express (render_vpc_endpoints,
+render_results_export); both are deployed with `aws cloudformation deploy` (docs/deploy-eks.md):
+- vpc-endpoints.cfn.yaml: VPC endpoints for ECR (api, dkr; interface) and S3 (gateway), so image pulls
+  (ECR serves layers from S3) and S3 traffic of the nodes stay off the NAT gateway. eksctl creates VPC
+  endpoints only for a fully private cluster (`privateCluster.enabled`, which also takes the API
+  server's public endpoint away); its schema has no field for endpoints in a cluster with a NAT
+  gateway (eksctl v0.230.0 ClusterVPC: no endpoints field).
+- results-export.cfn.yaml: FSx for Lustre data repository associations that export the shared
+  volume's checkpoints/, runs/ and exports/ to S3 as files are written (NEW, CHANGED, DELETED
+  events), so the final checkpoint, the metrics and the Hugging Face export outlive the file system.
+  The file system id exists only once the shared volume is bound (dynamic provisioning), hence a
+  template with parameters rather than a field of the eksctl file.
 """
 
 from __future__ import annotations
@@ -67,6 +83,19 @@ SYSTEM_NODES = {
     "volumeSize": 100,
 }
 NODE_ROLE_LABEL = "fsdp-gitops/node-role"
+# The cluster autoscaler's GPU label on AWS (cluster-autoscaler/cloudprovider/aws/aws_cloud_provider.go,
+# GPULabel). utils/gpu NodeHasGpu treats a node carrying the key as a GPU node whatever the value, so
+# a new node whose device plugin has not yet reported nvidia.com/gpu counts as "GPUs coming" and the
+# autoscaler does not start more nodes for the same pending pods. The value names the GPU the way the
+# AWS provider's availableGPUTypes does (nvidia-tesla-a100); that list has no H100/H200 entry, which
+# only affects the GPU-type metric label (unknown), not the scale-up decision.
+ACCELERATOR_LABEL = "k8s.amazonaws.com/accelerator"
+ACCELERATOR_VALUES = {"A100": "nvidia-tesla-a100", "H100": "nvidia-h100", "H200": "nvidia-h200"}
+# EKS node auto repair for the GPU node groups (eksctl ManagedNodeGroup.nodeRepairConfig): the node
+# monitoring agent reports GPU and network faults as node conditions, EKS replaces the node. At most one
+# GPU node is repaired at a time, and repairs stop when half of a group is unhealthy (then something
+# bigger is wrong, and replacing nodes would only cost the running jobs; docs/operations.md runbook).
+NODE_REPAIR = {"enabled": True, "maxParallelNodesRepairedCount": 1, "maxUnhealthyNodeThresholdPercentage": 50}
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
 CLUSTER_TAG = "fsdp-gitops/cluster"
 DISCOVERY_TAG = "karpenter.sh/discovery"
@@ -115,6 +144,11 @@ def max_nodes_by_type(plan: ClusterPlan) -> dict[str, int]:
     return most
 
 
+def accelerator_value(gpu_model: str) -> str:
+    """The ACCELERATOR_LABEL value of a GPU model ("H100" -> "nvidia-h100")."""
+    return ACCELERATOR_VALUES.get(gpu_model, "nvidia-" + gpu_model.lower())
+
+
 def gpu_nodegroup(cluster: Cluster, instance_type: str, max_size: int) -> dict[str, Any]:
     itype = INSTANCE_TYPES[instance_type]
     group: dict[str, Any] = {
@@ -129,8 +163,9 @@ def gpu_nodegroup(cluster: Cluster, instance_type: str, max_size: int) -> dict[s
         "volumeType": "gp3",
         "privateNetworking": True,
         "efaEnabled": True,
-        "labels": {NODE_ROLE_LABEL: "gpu"},
+        "labels": {NODE_ROLE_LABEL: "gpu", ACCELERATOR_LABEL: accelerator_value(itype.gpu_model)},
         "taints": [dict(GPU_TAINT)],
+        "nodeRepairConfig": dict(NODE_REPAIR),
         "propagateASGTags": True,
         "tags": {
             AUTOSCALER_ENABLED_TAG: "true",
@@ -138,6 +173,7 @@ def gpu_nodegroup(cluster: Cluster, instance_type: str, max_size: int) -> dict[s
             AUTOSCALER_RESOURCE_TAG + "nvidia.com/gpu": str(itype.num_gpus),
             AUTOSCALER_RESOURCE_TAG + "vpc.amazonaws.com/efa": str(itype.num_efa),
             AUTOSCALER_LABEL_TAG + NODE_ROLE_LABEL: "gpu",
+            AUTOSCALER_LABEL_TAG + ACCELERATOR_LABEL: accelerator_value(itype.gpu_model),
             AUTOSCALER_TAINT_TAG + GPU_TAINT["key"]: f"{GPU_TAINT['value']}:{GPU_TAINT['effect']}",
         },
     }
@@ -267,6 +303,100 @@ def render_karpenter(cluster: Cluster) -> dict[str, Any]:
     return files
 
 
+CFN_VERSION = "2010-09-09"
+# The shared volume's folders that reach S3 (generators/plan: checkpoints/<run>, runs/<run>; exports/ is
+# where a run's trainer.checkpoint.export_dir should point for its Hugging Face export to be kept).
+EXPORTED_FOLDERS = ("checkpoints", "runs", "exports")
+
+
+def _param(kind: str, description: str) -> dict[str, str]:
+    return {"Type": kind, "Description": description}
+
+
+def render_vpc_endpoints(cluster: Cluster) -> dict[str, Any]:
+    """CloudFormation: ECR (api, dkr) interface endpoints and the S3 gateway endpoint in the cluster's VPC.
+
+    Interface endpoints with private DNS answer ecr.<region>.amazonaws.com and *.dkr.ecr... inside the
+    VPC; ECR serves image layers from S3, which the gateway endpoint routes through the private route
+    tables (AWS: "Amazon ECR interface VPC endpoints (AWS PrivateLink)", which asks for the S3 gateway
+    endpoint for the layers). The nodes' security group must admit HTTPS from itself.
+    """
+    region = {"Ref": "AWS::Region"}
+
+    def interface(service: str) -> dict[str, Any]:
+        return {
+            "Type": "AWS::EC2::VPCEndpoint",
+            "Properties": {
+                "VpcEndpointType": "Interface",
+                "ServiceName": {"Fn::Sub": [f"com.amazonaws.${{Region}}.{service}", {"Region": region}]},
+                "VpcId": {"Ref": "VpcId"},
+                "SubnetIds": {"Ref": "PrivateSubnetIds"},
+                "SecurityGroupIds": [{"Ref": "SecurityGroupId"}],
+                "PrivateDnsEnabled": True,
+            },
+        }
+
+    return {
+        "AWSTemplateFormatVersion": CFN_VERSION,
+        "Description": f"VPC endpoints of EKS cluster {cluster.name}: ECR api and dkr, S3 (fsdp-gitops)",
+        "Parameters": {
+            "VpcId": _param("AWS::EC2::VPC::Id", f"the VPC eksctl created for {cluster.name}"),
+            "PrivateSubnetIds": _param("List<AWS::EC2::Subnet::Id>", "the cluster's private subnets"),
+            "PrivateRouteTableIds": _param("CommaDelimitedList", "the route tables of the private subnets"),
+            "SecurityGroupId": _param("AWS::EC2::SecurityGroup::Id", "the cluster security group (HTTPS from itself)"),
+        },
+        "Resources": {
+            "EcrApiEndpoint": interface("ecr.api"),
+            "EcrDkrEndpoint": interface("ecr.dkr"),
+            "S3GatewayEndpoint": {
+                "Type": "AWS::EC2::VPCEndpoint",
+                "Properties": {
+                    "VpcEndpointType": "Gateway",
+                    "ServiceName": {"Fn::Sub": ["com.amazonaws.${Region}.s3", {"Region": region}]},
+                    "VpcId": {"Ref": "VpcId"},
+                    "RouteTableIds": {"Ref": "PrivateRouteTableIds"},
+                },
+            },
+        },
+    }
+
+
+def render_results_export(cluster: Cluster) -> dict[str, Any]:
+    """CloudFormation: one FSx data repository association per EXPORTED_FOLDERS entry of the shared volume.
+
+    Automatic export (AutoExportPolicy NEW, CHANGED, DELETED) copies each file to S3 once it is closed,
+    so a finished run's final checkpoint and Hugging Face export are in S3 without a copy step, and
+    checkpoints the trainer rotates away go from S3 as well. Data repository associations exist for
+    FSx for Lustre PERSISTENT_2 file systems (the StorageClass's deploymentType, docs/deploy-eks.md).
+    """
+    resources: dict[str, Any] = {}
+    for folder in EXPORTED_FOLDERS:
+        resources[f"Export{folder.capitalize()}"] = {
+            "Type": "AWS::FSx::DataRepositoryAssociation",
+            "Properties": {
+                "FileSystemId": {"Ref": "FileSystemId"},
+                "FileSystemPath": f"/{folder}",
+                "DataRepositoryPath": {"Fn::Sub": f"${{ExportPath}}/{folder}"},
+                "BatchImportMetaDataOnCreate": False,
+                "S3": {"AutoExportPolicy": {"Events": ["NEW", "CHANGED", "DELETED"]}},
+            },
+        }
+    return {
+        "AWSTemplateFormatVersion": CFN_VERSION,
+        "Description": f"S3 export of the shared volume of EKS cluster {cluster.name} (fsdp-gitops)",
+        "Parameters": {
+            "FileSystemId": _param("String", "the FSx file system of PVC fsdp-shared (the PV's volumeHandle, fs-...)"),
+            "ExportPath": {
+                "Type": "String",
+                "Description": "where the results go, without a trailing slash",
+                "AllowedPattern": "^s3://[a-z0-9.-]+(/[^/]+)*$",
+                "Default": f"s3://fsdp-gitops-results-{cluster.name}/{cluster.name}",
+            },
+        },
+        "Resources": resources,
+    }
+
+
 def check_reservations(plan: ClusterPlan, karpenter: bool) -> None:
     """eksctl targets one reservation per node group: refuse what it cannot express."""
     cluster = plan.cluster
@@ -291,6 +421,8 @@ def render(plans: Sequence[ClusterPlan], karpenter: bool) -> dict[str, Any]:
         check_reservations(plan, karpenter)
         name = plan.cluster.name
         files[f"{name}/eksctl.yaml"] = render_eksctl(plan, karpenter)
+        files[f"{name}/vpc-endpoints.cfn.yaml"] = render_vpc_endpoints(plan.cluster)
+        files[f"{name}/results-export.cfn.yaml"] = render_results_export(plan.cluster)
         if karpenter:
             for file_name, manifest in render_karpenter(plan.cluster).items():
                 files[f"{name}/karpenter/{file_name}"] = manifest
