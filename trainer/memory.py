@@ -6,7 +6,7 @@ real device's memory), so both choose the same way. Pure Python, no torch.
 
 The estimate is the peak of what PyTorch's caching allocator hands out (torch.cuda.max_memory_allocated,
 the `peak_allocated_gib` of benchmarks/results). What lies outside it (the allocator's cache, the CUDA
-context, NCCL's buffers) is the headroom `fits` adds (HEADROOM_GIB, FIT_FRACTION).
+context, NCCL's buffers) is the headroom `fits` adds (HEADROOM_GIB).
 
 Per GPU, in bytes: P parameters, L decoder layers, T = b x s tokens per micro-batch, h hidden size, kv
 KV width, i intermediate size, V vocabulary, d = 2 for bf16 and fp8 or 4 for fp32, S the shard group;
@@ -53,9 +53,24 @@ projection weights for backward (3hi + h^2 bytes, counted among the tensors it s
 float8 matmul), 4.5 GiB for Llama-2-7B that the estimate leaves out (63.5 against 67.9 GiB on two
 H200s, -6.6%).
 
-`auto` picks the mode that recomputes least and still fits (`fits`: the estimate and HEADROOM_GIB, 8 GiB,
-within FIT_FRACTION, 90%, of the GPU's memory): none, then selective (every `selective_ac_every`th
-layer), then full.
+Two bounds, both from what H200 runs held beyond the peak the estimate counts:
+- `fits` (the generator refuses a run, and `auto` falls back to full checkpointing, beyond it): the
+  estimate plus HEADROOM_GIB within the GPU's memory. HEADROOM_GIB is ALLOCATOR_GAP_GIB, the largest
+  gap between reserved and allocated memory measured with full checkpointing and the default chunked
+  loss (7.9 GiB, Llama-3.1-8B on one H200: 131.5 reserved against 123.6 allocated), plus
+  OUTSIDE_ALLOCATOR_GIB for the CUDA context, NCCL's buffers and the part of the nominal capacity the
+  driver keeps (the highest reserved of a run that completed, 138.5 GiB of the H200's 140.4 visible,
+  141 nominal). Every configuration
+  measured on an H200 is within it; Llama-3.1-8B at sequence 4096, batch 2 with full checkpointing
+  (123.6 GiB) fits the 141 GiB H200 with 7 GiB to spare.
+- `auto`'s preference: a mode that keeps activations (none, selective) only where its estimate stays
+  within AUTO_FRACTION, 90%, of the GPU's memory less AUTO_HEADROOM_GIB, 8 GiB. With activations kept,
+  the allocator's cache grows far more above the peak (18 to 28 GiB measured), and near capacity it
+  frees and retries, which costs more than the recomputation saves: Llama-3.1-8B with selective
+  checkpointing (peak 123.6 GiB, 138.5 GiB reserved) ran at 8,159 tokens/s, slower than with full
+  checkpointing (8,596 at the same peak, 131.5 GiB reserved); Llama-2-7B without checkpointing
+  (110.4 GiB) was the fastest mode. So `auto` picks none, then selective (every `selective_ac_every`th
+  layer) within that preference, else full.
 """
 
 from __future__ import annotations
@@ -66,18 +81,21 @@ from trainer.catalog import Architecture
 from trainer.config import TrainConfig
 
 GIB = 1024**3
-# A run fits when its estimated peak plus HEADROOM_GIB stays within FIT_FRACTION of the GPU's memory.
-# HEADROOM_GIB is what a run holds beyond the peak the estimate counts: the allocator's cache above
-# its peak (reserved less allocated, smallest with full checkpointing: 3.8 GiB for Llama-2-7B and
-# 7.9 GiB for Llama-3.1-8B on one H200), the CUDA context and NCCL's buffers. FIT_FRACTION keeps the
-# rest free for the allocator: near capacity it frees and retries, which costs more than the
-# recomputation saved. Measured on one H200 (140.4 GiB,
-# benchmarks/reports/2026-11-29-h200-trainer-one-gpu.md): Llama-3.1-8B with selective
-# checkpointing (peak 123.6 GiB, 138.5 GiB reserved) ran at 8,159 tokens/s, slower than full
-# checkpointing (8,596 at the same peak, 131.5 GiB reserved); Llama-2-7B without checkpointing
-# (110.4 GiB) was the fastest mode.
-FIT_FRACTION = 0.90
-HEADROOM_GIB = 8.0
+# A run fits when its estimated peak plus HEADROOM_GIB stays within the GPU's memory (see above).
+# ALLOCATOR_GAP_GIB: peak_reserved_gib - peak_allocated_gib of benchmarks/results/h200x1-llama31-8b-loss.jsonl:2
+# (7.84 GiB), the largest of the runs with full checkpointing and the chunked loss, the trainer's default
+# (3.8 GiB for Llama-2-7B, h200x1-suite1.jsonl:6). With the full-logits loss the allocator kept freed
+# logits too, 14.7 GiB above the same peak (138.3 reserved, h200x1-extra.jsonl:2), at the same speed
+# (8,561 against 8,596 tokens/s): a cache it takes where there is room, not one it needs.
+ALLOCATOR_GAP_GIB = 7.9
+ALLOCATOR_GAP_SOURCE = "benchmarks/results/h200x1-llama31-8b-loss.jsonl:2"
+# CUDA context and NCCL's buffers (outside the caching allocator) and the nominal capacity the driver
+# keeps: runs reserved up to 138.5 GiB of the 140.4 GiB an H200 shows (141 nominal in the catalog).
+OUTSIDE_ALLOCATOR_GIB = 2.5
+HEADROOM_GIB = ALLOCATOR_GAP_GIB + OUTSIDE_ALLOCATOR_GIB
+# `auto` keeps activations (none, selective) only within AUTO_FRACTION of the GPU less AUTO_HEADROOM_GIB.
+AUTO_FRACTION = 0.90
+AUTO_HEADROOM_GIB = 8.0
 AUTO_ORDER = ("none", "selective", "full")
 
 
@@ -169,30 +187,35 @@ def estimate_peak_gib(
 
 
 def usable_gib(gpu_memory_gib: float) -> float:
-    """The part of a GPU's memory an estimate may fill: FIT_FRACTION of it less HEADROOM_GIB."""
-    return FIT_FRACTION * gpu_memory_gib - HEADROOM_GIB
+    """The part of a GPU's memory an estimate may fill: all of it less HEADROOM_GIB."""
+    return gpu_memory_gib - HEADROOM_GIB
 
 
 def usable_text(gpu_memory_gib: float) -> str:
-    """How refusals name the bound, e.g. "80 GiB (64 usable: 90% less 8 GiB of headroom)"."""
+    """How refusals name the bound, e.g. "80 GiB (69.6 usable: 10.4 GiB of headroom, ...)"."""
     return (
-        f"{gpu_memory_gib:g} GiB ({usable_gib(gpu_memory_gib):.0f} usable: {FIT_FRACTION:.0%} less "
-        f"{HEADROOM_GIB:g} GiB of headroom)"
+        f"{gpu_memory_gib:g} GiB ({usable_gib(gpu_memory_gib):.1f} usable: {HEADROOM_GIB:.1f} GiB of headroom, the "
+        f"allocator's cache measured above its peak and {OUTSIDE_ALLOCATOR_GIB:g} GiB outside it)"
     )
 
 
 def fits(estimate_gib: float, gpu_memory_gib: float) -> bool:
-    """Whether an estimate leaves the headroom HEADROOM_GIB and FIT_FRACTION ask for (the one bound
-    `auto` and the generator's rejection share)."""
+    """Whether an estimate leaves HEADROOM_GIB of the GPU free (the bound the generator refuses runs by)."""
     return estimate_gib <= usable_gib(gpu_memory_gib)
+
+
+def preferred(estimate_gib: float, gpu_memory_gib: float) -> bool:
+    """Whether `auto` may keep activations at this estimate (AUTO_FRACTION less AUTO_HEADROOM_GIB)."""
+    return estimate_gib <= AUTO_FRACTION * gpu_memory_gib - AUTO_HEADROOM_GIB
 
 
 def choose_activation_checkpointing(
     arch: Architecture, cfg: TrainConfig, shard: int, gpu_memory_gib: float, grad_sync: str | None = None
 ) -> str:
-    """The least-recomputing mode whose estimate fits; 'full' when none does (the caller may reject)."""
-    for mode in AUTO_ORDER:
-        if fits(estimate_peak_gib(arch, cfg, shard, mode, grad_sync), gpu_memory_gib):
+    """The least-recomputing mode `auto` prefers; 'full' when neither none nor selective is preferred
+    (the caller may reject a run whose full-checkpointing estimate does not fit)."""
+    for mode in AUTO_ORDER[:-1]:
+        if preferred(estimate_peak_gib(arch, cfg, shard, mode, grad_sync), gpu_memory_gib):
             return mode
     return "full"
 
@@ -201,8 +224,8 @@ def resolve_auto(arch: Architecture, cfg: TrainConfig, shard: int, gpu_memory_gi
     """`cfg` with activation_checkpointing and grad_sync 'auto' replaced by the chosen settings.
 
     grad_sync 'auto' (with gradient accumulation) is 'last' (one gradient reduction per optimizer
-    step) when some checkpointing mode fits with it, else 'every'; checkpointing 'auto' is then chosen as above. Settings that are
-    not 'auto' are kept.
+    step) when some checkpointing mode fits with it, else 'every'; checkpointing 'auto' is then chosen
+    as above. Settings that are not 'auto' are kept.
     """
     par = cfg.parallelism
     ac_fixed = par.activation_checkpointing != "auto"
@@ -222,4 +245,5 @@ def resolve_auto(arch: Architecture, cfg: TrainConfig, shard: int, gpu_memory_gi
     )
     if mode == par.activation_checkpointing and sync == par.grad_sync:
         return cfg
-    return dataclasses.replace(cfg, parallelism=dataclasses.replace(par, activation_checkpointing=mode, grad_sync=sync))
+    changed = dataclasses.replace(par, activation_checkpointing=mode, grad_sync=sync)  # type: ignore[arg-type]
+    return dataclasses.replace(cfg, parallelism=changed)
