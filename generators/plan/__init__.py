@@ -33,12 +33,11 @@ configuration are the same run twice and are an error.
 Memory fit
 ----------
 The peak-memory model lives in trainer/memory.py, shared with the trainer. A run whose
-`activation_checkpointing` is `auto` (the default) gets the least recomputation whose estimate fits
+`activation_checkpointing` is `auto` (the default) gets the least recomputation `auto` prefers for
 the instance's GPU memory, written into its config; a run whose estimate exceeds the GPU's memory
-even so (above FIT_FRACTION of the GPU's memory less HEADROOM_GIB, the same bound `auto` uses) is
-rejected (Llama 2 70B on one or two nodes at batch size 3). The estimate is held to 10% of measured
-peaks by tests/test_plan_model.py; the headroom covers what it does not count (the allocator's cache,
-the CUDA context, NCCL's buffers).
+less HEADROOM_GIB even so is rejected (Llama 2 70B on one or two nodes at batch size 3). The
+estimate is held to 10% of measured peaks by tests/test_plan_model.py; the headroom covers what it
+does not count (the allocator's cache above its peak, measured; the CUDA context, NCCL's buffers).
 """
 
 from __future__ import annotations
@@ -175,7 +174,8 @@ def plan_runs(matrix: Matrix, runs: Sequence[Run], *, reject_unfit: bool = True)
                 if _configuration(plans[j]) == _configuration(plans[ix[0]]):
                     first = runs[ix[0]]
                     raise InputError(
-                        f"run {plans[j].name} has the same configuration as {first.entry_key} (line {first.entry_line})",
+                        f"run {plans[j].name} has the same configuration as {first.entry_key} "
+                        f"(line {first.entry_line})",
                         file=matrix.file,
                         line=runs[j].entry_line,
                         key=runs[j].entry_key,

@@ -153,7 +153,7 @@ def load_prices(path: str | Path | None = None, label: str | None = None) -> Pri
             fix=TABLE_FIX,
         )
     rows: dict[tuple[str, str], Price] = {}
-    for i, (item, line) in enumerate(zip(data["prices"], data["prices"].item_lines)):
+    for i, (item, line) in enumerate(zip(data["prices"], data["prices"].item_lines, strict=True)):
         price = _row(file, item, line, f"prices[{i}]")
         first = rows.get((price.instance_type, price.region))
         if first is not None:

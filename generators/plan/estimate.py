@@ -1,8 +1,11 @@
 """What every run of a matrix will need and cost, before it runs: the table `expand.py --plan` prints.
 
 Per run: world size; peak GPU memory per GPU (trainer/memory.py) against the GPU's; host memory
-per node while the weights load against the GPUs' share of the host; tokens/s per GPU, step and
-hours (speed.py); GPU-hours; cost from the price table (cost.py). Totals per cluster.
+per node while the weights load against the GPUs' share of the host; tokens/s per GPU and step
+(speed.py), marked where the speed model is outside its calibration; what the run spends besides
+its steps (overheads.py: start, model load, data staging, the blocking part of its saves, the final
+save and export); hours (steps and those terms), GPU-hours and cost from the price table (cost.py).
+Totals per cluster.
 
 A run that cannot fit (its memory estimate above the bound `auto` uses, trainer.memory.fits, or its
 loading above the host memory) is refused with the reason and the cheapest change that fixes it:
@@ -36,6 +39,15 @@ from generators.matrix.load import Matrix
 from generators.matrix.schema import Cluster, Run
 from generators.plan import Plan
 from generators.plan.cost import PriceTable
+from generators.plan.overheads import (
+    ASYNC_MODES,
+    CheckpointRates,
+    Overheads,
+    async_mode,
+    overheads,
+    read_checkpoint_rates,
+)
+from generators.plan.overheads import notes as overhead_notes
 from generators.plan.speed import (
     NETWORK_EFFICIENCY,
     NVLINK_EFFICIENCY,
@@ -47,7 +59,7 @@ from generators.plan.speed import (
 )
 from trainer.catalog import INSTANCE_TYPES, MODELS, Architecture, InstanceType
 from trainer.config import ConfigError, TrainConfig, check_topology, to_dict
-from trainer.memory import FIT_FRACTION, HEADROOM_GIB, estimate_peak_gib, fits, resolve_auto, usable_text
+from trainer.memory import HEADROOM_GIB, estimate_peak_gib, fits, resolve_auto, usable_text
 
 GIB = 1024**3
 RANK_HOST_BASE_GIB = 4.0
@@ -71,7 +83,9 @@ class Figures:
     host_capacity_gib: int  # the GPUs' share of the node's host memory
     speed: Speed
     steps: int  # optimizer steps of the whole run
-    hours: float
+    training_hours: float  # the steps alone
+    overheads: Overheads
+    hours: float  # the steps and the overheads
     gpu_hours: float
     cost_usd: float | None  # None without an On-Demand price
 
@@ -114,6 +128,16 @@ def host_gib_per_node(arch: Architecture, shard: int, gpus_per_node: int) -> flo
     return gpus_per_node * per_rank
 
 
+@dataclass(frozen=True, kw_only=True)
+class Context:
+    """What a run's overheads depend on beyond its configuration."""
+
+    shared_storage_gib: int  # the cluster's shared volume
+    downloads_model: bool  # the first run of its model on its cluster
+    stages_data: bool  # the first run of its dataset on its cluster
+    rates: CheckpointRates
+
+
 def figures(
     arch: Architecture,
     cfg: TrainConfig,
@@ -122,6 +146,7 @@ def figures(
     gpus: int,
     dataset_tokens: int | None,
     price: float | None,
+    context: Context,
 ) -> Figures:
     """Estimate one configuration; `cfg` may still hold `auto` settings (resolved here)."""
     world = nodes * gpus
@@ -135,7 +160,21 @@ def figures(
         steps = tr.num_epochs * steps_per_epoch(dataset_tokens, cfg, world)
     else:
         steps = 0
-    hours = steps * speed.step_s / 3600 if steps else float("nan")
+    spent = overheads(
+        arch,
+        cfg,
+        world=world,
+        shard=shard,
+        step_s=speed.step_s,
+        steps=steps,
+        shared_storage_gib=context.shared_storage_gib,
+        downloads_model=context.downloads_model,
+        stages_data=context.stages_data,
+        dataset_tokens=dataset_tokens,
+        rates=context.rates,
+    )
+    training_hours = steps * speed.step_s / 3600 if steps else float("nan")
+    hours = training_hours + spent.total_s / 3600
     return Figures(
         nodes=nodes,
         world=world,
@@ -147,6 +186,8 @@ def figures(
         host_capacity_gib=instance.host_memory_gib * gpus // instance.num_gpus,
         speed=speed,
         steps=steps,
+        training_hours=training_hours,
+        overheads=spent,
         hours=hours,
         gpu_hours=hours * world,
         cost_usd=None if price is None or math.isnan(hours) else hours * nodes * price,
@@ -279,6 +320,12 @@ def _reason(model: str, f: Figures, instance: InstanceType) -> str:
     )
 
 
+def refusal_text(refusal: Refusal) -> str:
+    """The reason and the cheapest fix, as one sentence pair."""
+    fix = refusal.fix or "none of more nodes, checkpointing, a larger shard group, fp8 or a smaller batch fits"
+    return f"{refusal.reason}. Cheapest fix: {fix}."
+
+
 def _price_of(f: Figures) -> float:
     return f.cost_usd if f.cost_usd is not None else f.gpu_hours
 
@@ -308,21 +355,36 @@ def hourly_price(matrix: Matrix, cluster: Cluster, instance_type: str, prices: P
     return row.usd_per_hour
 
 
-def estimate_run(matrix: Matrix, plan: Plan, prices: PriceTable, dataset_tokens: int | None) -> RunEstimate:
+def estimate_run(
+    matrix: Matrix,
+    plan: Plan,
+    prices: PriceTable,
+    dataset_tokens: int | None,
+    *,
+    downloads_model: bool = True,
+    stages_data: bool = True,
+    rates: CheckpointRates | None = None,
+) -> RunEstimate:
     """One planned run (planned without rejecting what does not fit)."""
     cluster = matrix.clusters[plan.cluster]
     instance = INSTANCE_TYPES[plan.instance_type]
     arch = MODELS[plan.model]
     usd = hourly_price(matrix, cluster, plan.instance_type, prices)
     base = _unresolved(plan.trainer, plan.run)
-    f = figures(arch, base, instance, plan.nodes, plan.gpus_per_node, dataset_tokens, usd)
+    context = Context(
+        shared_storage_gib=cluster.shared_storage_gib,
+        downloads_model=downloads_model,
+        stages_data=stages_data,
+        rates=rates if rates is not None else read_checkpoint_rates(),
+    )
+    f = figures(arch, base, instance, plan.nodes, plan.gpus_per_node, dataset_tokens, usd, context)
     refusal = None
     if not f.fits:
         best: tuple[float, str, Figures] | None = None
         for family in _candidates(base, plan.nodes, plan.gpus_per_node, cluster.max_nodes):
             for label, nodes, cfg in family:
                 try:
-                    g = figures(arch, cfg, instance, nodes, plan.gpus_per_node, dataset_tokens, usd)
+                    g = figures(arch, cfg, instance, nodes, plan.gpus_per_node, dataset_tokens, usd, context)
                 except ConfigError:
                     continue
                 if not g.fits:
@@ -407,23 +469,45 @@ class MatrixEstimate:
         return tuple(r for r in self.runs if r.refusal is not None)
 
 
-def estimate_matrix(matrix: Matrix, plans: Sequence[Plan], prices: PriceTable) -> MatrixEstimate:
-    """Every run (plans from plan_runs(..., reject_unfit=False)), in matrix order."""
+def estimate_matrix(
+    matrix: Matrix, plans: Sequence[Plan], prices: PriceTable, rates: CheckpointRates | None = None
+) -> MatrixEstimate:
+    """Every run (plans from plan_runs(..., reject_unfit=False)), in matrix order. The first run of a
+    model (and of a dataset) on a cluster counts its download (and its staging)."""
+    rates = rates if rates is not None else read_checkpoint_rates()
     out: list[RunEstimate] = []
     notes = {
         "Speed: the compute utilisation measured on one H200 for the same precision, compile and "
         f"checkpointing (benchmarks/results/); collectives at {NVLINK_EFFICIENCY:.0%} of NVLink (measured "
-        f"between two H200s) and {NETWORK_EFFICIENCY:.0%} of the EFA line rate (not measured here).": None
+        f"between two H200s) and {NETWORK_EFFICIENCY:.0%} of the EFA line rate (not measured here). "
+        "'uncalibrated' marks a run outside those measurements (a GPU, the network between nodes, or a "
+        "precision and checkpointing cell never measured), and says which.": None
     }
+    models_seen: set[tuple[str, str]] = set()
+    data_seen: set[tuple[str, str]] = set()
     for plan in plans:
         tokens, source = dataset_tokens(plan.trainer)
         if not plan.trainer.training.max_steps:
             notes.setdefault(f"Dataset {plan.trainer.data.path or plan.trainer.data.format}: {source}.", None)
-        est = estimate_run(matrix, plan, prices, tokens)
+        model_key, data_key = (plan.cluster, plan.model), (plan.cluster, plan.trainer.data.path)
+        est = estimate_run(
+            matrix,
+            plan,
+            prices,
+            tokens,
+            downloads_model=model_key not in models_seen,
+            stages_data=data_key not in data_seen,
+            rates=rates,
+        )
+        models_seen.add(model_key)
+        data_seen.add(data_key)
         speed_ = est.figures.speed
         if not speed_.basis.startswith("measured"):
             notes.setdefault(f"Speed on {est.instance_type}: {speed_.basis}.", None)
         out.append(est)
+    async_runs = any(async_mode(p.trainer) in ASYNC_MODES for p in plans)
+    for line in overhead_notes(rates, async_runs):
+        notes.setdefault(line, None)
     used = sorted({(e.instance_type, e.region) for e in out})
     for instance_type, region in used:
         row = prices.lookup(instance_type, region)
@@ -449,12 +533,31 @@ def _cost(r: RunEstimate) -> str:
     return f"{text} (reserved)" if r.reserved else text
 
 
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:,.1f}"
+
+
+def tokens_text(f: Figures) -> str:
+    """Tokens/s per GPU, with what of it is uncalibrated."""
+    text = f"{f.speed.tokens_per_s_per_gpu:,.0f}"
+    return text + (f" (uncalibrated: {'; '.join(f.speed.uncalibrated)})" if f.speed.uncalibrated else "")
+
+
+def saves_text(o: Overheads) -> str:
+    return _minutes(o.saves_s) + (f" ({o.saves} x {o.save_blocking_s:,.1f} s)" if o.saves else "")
+
+
 PLAN_HEADER = (
     "run",
     "GPUs",
     "GPU memory, GiB per GPU (of)",
     "host memory loading, GiB per node (of)",
     "tokens/s per GPU",
+    "start, min",
+    "model load, min",
+    "data staging, min",
+    "saves, min",
+    "final save and export, min",
     "hours",
     "GPU-hours",
     "cost, USD",
@@ -465,13 +568,19 @@ def plan_rows(runs: Sequence[RunEstimate]) -> list[list[str]]:
     rows = []
     for r in runs:
         f = r.figures
+        o = f.overheads
         rows.append(
             [
                 r.name + (" REFUSED" if r.refusal else ""),
                 str(f.world),
                 f"{f.gpu_gib:.1f} ({f.gpu_capacity_gib}, {f.gpu_gib / f.gpu_capacity_gib:.0%})",
                 f"{f.host_gib:,.0f} ({f.host_capacity_gib:,})",
-                f"{f.speed.tokens_per_s_per_gpu:,.0f}",
+                tokens_text(f),
+                _minutes(o.start_s),
+                _minutes(o.model_load_s),
+                _minutes(o.staging_s),
+                saves_text(o),
+                _minutes(o.final_s),
                 _hours(f.hours),
                 _hours(f.gpu_hours),
                 _cost(r),
@@ -497,9 +606,11 @@ def plan_markdown(est: MatrixEstimate) -> str:
     lines = [
         f"### Plan: {est.matrix_file}, {len(est.runs)} runs",
         "",
-        "Predicted before anything runs: GPU memory by trainer/memory.py (the bound `auto` uses is "
-        f"{FIT_FRACTION:.0%} of the GPU less {HEADROOM_GIB:g} GiB of headroom), speed by generators/plan/speed.py, cost at On-Demand prices "
-        "(generators/plan/prices.yaml). Hours count training steps only.",
+        "Predicted before anything runs: GPU memory by trainer/memory.py (a run fits with "
+        f"{HEADROOM_GIB:.1f} GiB of the GPU left for the allocator's cache and what lies outside it), speed by "
+        "generators/plan/speed.py, what a run spends besides its steps by generators/plan/overheads.py, cost at "
+        "On-Demand prices (generators/plan/prices.yaml). Hours count the training steps, the start, the model "
+        "load, the data staging, the blocking part of every save and the final save and export.",
         "",
         table(PLAN_HEADER, plan_rows(est.runs)),
         "",
@@ -514,9 +625,7 @@ def plan_markdown(est: MatrixEstimate) -> str:
     if est.refused:
         lines += ["", "Refused (they cannot fit):"]
         for r in est.refused:
-            fix = (
-                r.refusal.fix or "none of more nodes, checkpointing, a larger shard group, fp8 or a smaller batch fits"
-            )
-            lines.append(f"- {r.name}: {r.refusal.reason}. Cheapest fix: {fix}.")
+            assert r.refusal is not None
+            lines.append(f"- {r.name}: {refusal_text(r.refusal)}")
     lines += ["", "Assumptions:"] + [f"- {n}" for n in est.notes]
     return "\n".join(lines) + "\n"

@@ -4,13 +4,19 @@ Pure Python, no torch; the planner (`expand.py --plan`) and the scaling report u
 step and GPU (P parameters, L layers, h hidden size, V vocabulary, s sequence length, S the shard
 group, W the world size, G GPUs per node, N nodes):
 
-compute    t_c = T x F / (u x peak). T = batch x seq_len x grad_accum_steps tokens. F is what one
-           token really costs: the FLOPs MFU counts (trainer.catalog flops_per_token), plus the
-           output layer (6 V h, which MFU leaves out), plus the forward pass that activation
-           checkpointing recomputes (2 x decoder parameters + 4 L h s per token for every layer
-           with `full`, every Nth with `selective`). peak is the GPU's dense bf16 peak
-           (trainer.catalog). u is measured: the utilisation of one H200 for the same precision,
-           compile setting and checkpointing mode (CALIBRATION, from benchmarks/results/).
+compute    t_c = T x (F_m / u_m + F_a / u_a) / peak. T = batch x seq_len x grad_accum_steps tokens.
+           F_m + F_a is what one token really costs, in the matrix multiplications of the weights
+           (F_m: the 6 x parameters MFU counts, trainer.catalog flops_per_token, plus the output
+           layer, 6 V h, which MFU leaves out) and in attention (F_a: 12 L h s by the MFU
+           convention, which counts the whole score matrix, times the causal share the kernels
+           compute: FlashAttention and cuDNN skip the tiles above the diagonal, so of n = s / 128
+           tile rows they compute (n + 1) / 2n of the tiles, about half). Activation
+           checkpointing adds the forward pass it recomputes (2 x decoder parameters + the causal
+           4 h s per token for every layer with `full`, every Nth with `selective`). peak is the
+           GPU's dense bf16 peak (trainer.catalog). u is measured: the utilisation of one H200 for
+           the same precision, compile setting and checkpointing mode (CALIBRATION, from
+           benchmarks/results/); with fp8 only the weights' matrix multiplications are float8, so
+           attention keeps the bf16 figure (u_a) and the calibration run sets u_m.
 optimizer  t_o = P / S x B / HBM bandwidth: the update is memory-bound. B = 36 bytes per parameter
            with fp32 AdamW moments (read parameter, gradient and both moments, write three, read the
            gradient again for the clipping norm and zero it), 28 with bf16 moments.
@@ -38,8 +44,12 @@ epoch      the dataset's tokens (generators/plan/estimate.py DATASET_TOKENS) / s
 
 So scaling is predicted, not assumed: more GPUs shrink t_o and add traffic; across nodes the
 network bandwidth of the instance type decides how much of it hides under the compute.
-What this model does not see: stragglers, NCCL's algorithm choices, the time to pull the image,
-load the weights, compile and write checkpoints (hours count training steps only).
+
+Calibrated or not: a prediction outside what was measured (a GPU other than the H200, collectives
+over EFA between nodes, a precision, compile and checkpointing cell CALIBRATION lacks) says which in
+Speed.uncalibrated, and the plan marks it. What this model does not see: stragglers, NCCL's
+algorithm choices, compilation; the time to pull the image, load the weights and write checkpoints
+is generators/plan/overheads.py's.
 """
 
 from __future__ import annotations
@@ -90,6 +100,10 @@ NVLINK_EFFICIENCY = 295.6 / 450
 NETWORK_EFFICIENCY = 0.8
 HBM_EFFICIENCY = 0.8
 REFERENCE_GPU = "H200"
+# Causal attention as the kernels run it (FlashAttention 2/3 and cuDNN, SDPA's kernels on H100 and
+# H200): the score matrix in tiles of ATTENTION_TILE query and key rows, the tiles wholly above the
+# diagonal skipped.
+ATTENTION_TILE = 128
 
 
 def hardware(instance: InstanceType) -> Hardware:
@@ -196,15 +210,36 @@ CALIBRATION: tuple[Calibration, ...] = (
 )
 
 
-def flops_per_token(arch: Architecture, seq_len: int, checkpointing: str, selective_every: int) -> float:
-    """FLOPs one trained token costs, recomputation and the output layer included."""
+def causal_share(seq_len: int) -> float:
+    """Of the s x s score matrix, the share a causal kernel computes: n (n + 1) / 2 of n^2 tiles."""
+    n = max(1, math.ceil(seq_len / ATTENTION_TILE))
+    return (n + 1) / (2 * n)
+
+
+def _recomputed_layers(arch: Architecture, checkpointing: str, selective_every: int) -> int:
+    return {"none": 0, "full": arch.num_layers, "selective": arch.num_layers // selective_every}[checkpointing]
+
+
+def matmul_flops_per_token(arch: Architecture, checkpointing: str, selective_every: int) -> float:
+    """FLOPs of the weights' matrix multiplications per trained token, the output layer and
+    recomputation included."""
     decoder = arch.num_params - arch.num_embedding_params
-    recompute_layer = (2.0 * decoder + 4.0 * arch.num_layers * arch.hidden_size * seq_len) / arch.num_layers
-    recomputed_layers = {"none": 0, "full": arch.num_layers, "selective": arch.num_layers // selective_every}[
-        checkpointing
-    ]
-    return (
-        arch.flops_per_token(seq_len) + 6.0 * arch.vocab_size * arch.hidden_size + recomputed_layers * recompute_layer
+    counted = arch.num_params - arch.vocab_size * arch.hidden_size
+    recomputed = _recomputed_layers(arch, checkpointing, selective_every) * 2.0 * decoder / arch.num_layers
+    return 6.0 * counted + 6.0 * arch.vocab_size * arch.hidden_size + recomputed
+
+
+def attention_flops_per_token(arch: Architecture, seq_len: int, checkpointing: str, selective_every: int) -> float:
+    """FLOPs of causal attention (scores and values) per trained token as the kernels compute them:
+    forward 4 h s per layer, backward twice that, recomputed layers once more, times causal_share."""
+    layers = 3 * arch.num_layers + _recomputed_layers(arch, checkpointing, selective_every)
+    return layers * 4.0 * arch.num_heads * arch.head_dim * seq_len * causal_share(seq_len)
+
+
+def flops_per_token(arch: Architecture, seq_len: int, checkpointing: str, selective_every: int) -> float:
+    """FLOPs one trained token costs, recomputation, the output layer and causal attention included."""
+    return matmul_flops_per_token(arch, checkpointing, selective_every) + attention_flops_per_token(
+        arch, seq_len, checkpointing, selective_every
     )
 
 
@@ -238,44 +273,56 @@ class Speed:
     optimizer_s: float
     comm_s: float
     step_s: float
-    utilisation: float
+    utilisation: float  # of the weights' matrix multiplications (u_m)
     basis: str  # where u came from: the calibration run, or what was assumed
+    # What of this prediction lies outside the measurements it is calibrated on (empty: calibrated).
+    uncalibrated: tuple[str, ...] = ()
 
     @property
     def tokens_per_s_per_gpu(self) -> float:
         return self.tokens_per_step / self.step_s
 
 
-def utilisation(gpu: str, precision: str, compile_: bool, mode: str) -> tuple[float, str]:
-    """(u, where it comes from) for these settings. Measured where CALIBRATION has them; otherwise the
-    reference GPU's (a GPU not measured), and a precision or compile setting not measured with this
-    checkpointing mode scales the mode's bf16 compiled figure by what that setting changes without
-    checkpointing (fp8 on one H200: 1.3 times bf16's)."""
+Utilisation = tuple[float, float]  # (u_m, u_a): weights' matrix multiplications, attention
+
+
+def utilisation(gpu: str, precision: str, compile_: bool, mode: str) -> tuple[Utilisation, str, tuple[str, ...]]:
+    """((u_m, u_a), where they come from, what is not measured) for these settings. Measured where
+    CALIBRATION has them; otherwise the reference GPU's (a GPU not measured), and a precision or
+    compile setting not measured with this checkpointing mode scales the mode's bf16 compiled figures
+    by what that setting changes without checkpointing (fp8 on one H200: 1.4 times bf16's u_m)."""
     by_key = {(c.gpu_model, c.precision, c.compile, c.checkpointing): c for c in CALIBRATION}
-    notes = []
+    notes: list[str] = []
+    outside: list[str] = []
     measured_gpu = gpu if any(c.gpu_model == gpu for c in CALIBRATION) else REFERENCE_GPU
     if measured_gpu != gpu:
         notes.append(f"{gpu} not measured, the utilisation of one {measured_gpu} with the same settings")
+        outside.append(f"{gpu} GPU")
     exact = by_key.get((measured_gpu, precision, compile_, mode))
     if exact is not None:
-        return utilisation_of(exact), "; ".join(notes) or f"measured ({exact.source})"
-    base = by_key[(measured_gpu, "bf16", True, mode)]
+        return utilisation_of(exact), "; ".join(notes) or f"measured ({exact.source})", tuple(outside)
+    outside.append(f"{precision}{'' if compile_ else ' eager'} with {mode} checkpointing")
+    base = utilisation_of(by_key[(measured_gpu, "bf16", True, mode)])
     setting = by_key.get((measured_gpu, precision, compile_, "none"))
     if setting is None:
         what = f"{precision}{'' if compile_ else ' with compile off'}" if precision != "bf16" else "compile off"
         notes.append(f"{what} not measured, bf16 compiled with {mode} checkpointing")
-        return utilisation_of(base), "; ".join(notes)
-    reference = by_key[(measured_gpu, "bf16", True, "none")]
+        return base, "; ".join(notes), tuple(outside)
+    reference = utilisation_of(by_key[(measured_gpu, "bf16", True, "none")])
+    changed = utilisation_of(setting)
     notes.append(
         f"{precision}{'' if compile_ else ', compile off'} with {mode} checkpointing not measured: "
         f"bf16 compiled with {mode}, times what it changes with none"
     )
-    return utilisation_of(base) * utilisation_of(setting) / utilisation_of(reference), "; ".join(notes)
+    u = (base[0] * changed[0] / reference[0], base[1] * changed[1] / reference[1])
+    return u, "; ".join(notes), tuple(outside)
 
 
 @functools.cache
-def utilisation_of(cal: Calibration) -> float:
-    """u that makes the model reproduce the calibration run on one GPU."""
+def utilisation_of(cal: Calibration) -> Utilisation:
+    """(u_m, u_a) that make the model reproduce the calibration run on one GPU: one figure for both in
+    bf16; with fp8, attention (bf16 kernels) at the bf16 figure of the same compile setting and
+    checkpointing, and u_m what the rest of the measured step leaves."""
     arch = MODELS[cal.model]
     cfg = from_dict(
         {
@@ -293,11 +340,19 @@ def utilisation_of(cal: Calibration) -> float:
         }
     )
     hw = hardware_for_gpu(cal.gpu_model)
+    assert hw is not None, f"no instance type of the catalog has the calibration's GPU {cal.gpu_model}"
+    peak = GPU_PEAK_FLOPS[cal.gpu_model]
     tokens = cal.batch_size_per_gpu * cal.seq_len
     step = tokens / cal.tokens_per_s_per_gpu
     compute = step - optimizer_time_s(arch, cfg, 1, hw)
-    flops = tokens * flops_per_token(arch, cal.seq_len, cal.checkpointing, cfg.parallelism.selective_ac_every)
-    return flops / (GPU_PEAK_FLOPS[cal.gpu_model] * compute)
+    every = cfg.parallelism.selective_ac_every
+    matmul = tokens * matmul_flops_per_token(arch, cal.checkpointing, every)
+    attention = tokens * attention_flops_per_token(arch, cal.seq_len, cal.checkpointing, every)
+    if cal.precision == "bf16":
+        u = (matmul + attention) / (peak * compute)
+        return u, u
+    u_a = utilisation(cal.gpu_model, "bf16", cal.compile, cal.checkpointing)[0][1]
+    return matmul / (peak * (compute - attention / (peak * u_a))), u_a
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -351,10 +406,20 @@ def predict(arch: Architecture, cfg: TrainConfig, topo: Topology, hw: Hardware) 
     mode = par.activation_checkpointing
     if mode == "auto":
         raise ValueError("resolve activation_checkpointing 'auto' before predicting")
-    u, basis = utilisation(hw.gpu_model, par.precision, par.compile, mode)
+    (u_m, u_a), basis, outside = utilisation(hw.gpu_model, par.precision, par.compile, mode)
     tokens = tr.batch_size_per_gpu * cfg.data.seq_len * tr.grad_accum_steps
-    per_token = flops_per_token(arch, cfg.data.seq_len, mode, par.selective_ac_every)
-    compute = tokens * per_token / (u * GPU_PEAK_FLOPS[hw.gpu_model])
+    every = par.selective_ac_every
+    per_token = flops_per_token(arch, cfg.data.seq_len, mode, every)
+    compute = (
+        tokens
+        * (
+            matmul_flops_per_token(arch, mode, every) / u_m
+            + attention_flops_per_token(arch, cfg.data.seq_len, mode, every) / u_a
+        )
+        / GPU_PEAK_FLOPS[hw.gpu_model]
+    )
+    if topo.nodes > 1 and topo.world > topo.gpus_per_node:
+        outside = outside + ("EFA network",)
     # Forward is a third of the FLOPs that are not recomputation; backward (with it) the rest.
     forward_share = flops_per_token(arch, cfg.data.seq_len, "none", 1) / 3 / per_token
     optimizer = optimizer_time_s(arch, cfg, topo.shard, hw)
@@ -378,8 +443,9 @@ def predict(arch: Architecture, cfg: TrainConfig, topo: Topology, hw: Hardware) 
         optimizer_s=optimizer,
         comm_s=comm,
         step_s=compute + optimizer + exposed,
-        utilisation=u,
+        utilisation=u_m,
         basis=basis,
+        uncalibrated=outside,
     )
 
 
