@@ -4,9 +4,11 @@ The matrix file is read at REF with git (`git show REF:<the same path>`) and pla
 with this price table and speed model, so the difference shows what the matrix change does, not
 what a model change does. Runs are matched by cluster and the readable part of their name (model,
 instance family, nodes, strategy, rev: everything but the configuration hash): a run in both with
-another hash is changed, and the keys that differ are listed; the rest are added or removed. A
-matrix that does not exist at REF counts as no runs (a pull request that adds it). An unknown REF or
-a path outside a git repository is bad input (--base).
+another hash is changed, and the keys that differ are listed with its tokens/s per GPU, hours and
+cost before and after; the rest are added or removed. A change that makes a run impossible to fit is
+an error row with the refusal, and its cost before is left out of the difference (a run that cannot
+run saves nothing). A matrix that does not exist at REF counts as no runs (a pull request that adds
+it). An unknown REF or a path outside a git repository is bad input (--base).
 """
 
 from __future__ import annotations
@@ -23,7 +25,15 @@ from generators.core.markdown import table
 from generators.matrix import Matrix, Run, expand, load
 from generators.plan import plan_runs
 from generators.plan.cost import load_prices
-from generators.plan.estimate import PLAN_HEADER, MatrixEstimate, RunEstimate, estimate_matrix, plan_markdown, plan_rows
+from generators.plan.estimate import (
+    PLAN_HEADER,
+    MatrixEstimate,
+    RunEstimate,
+    estimate_matrix,
+    plan_markdown,
+    plan_rows,
+    refusal_text,
+)
 
 BASE_FIX = "pass a commit, branch or tag of this repository (e.g. origin/main; in CI fetch it first)"
 
@@ -71,6 +81,11 @@ class PlanDiff:
     removed: tuple[RunEstimate, ...]
     changed: tuple[Change, ...]
 
+    @property
+    def errors(self) -> tuple[Change, ...]:
+        """Changed runs that fitted before and are refused now."""
+        return tuple(c for c in self.changed if c.new.refusal is not None and c.old.refusal is None)
+
 
 def _differences(a: dict[str, Any], b: dict[str, Any]) -> tuple[str, ...]:
     keys = sorted(set(a) | set(b))
@@ -101,8 +116,48 @@ def _sum(runs: tuple[RunEstimate, ...]) -> tuple[int, float, float]:
     return len(kept), gpu_hours, sum(r.figures.cost_usd or 0.0 for r in kept)
 
 
+def _arrow(before: str, after: str) -> str:
+    return before if before == after else f"{before} -> {after}"
+
+
+def _money(r: RunEstimate) -> str:
+    if r.refusal is not None:
+        return "REFUSED"
+    return "-" if r.figures.cost_usd is None else f"{r.figures.cost_usd:,.2f}"
+
+
+def _fig(r: RunEstimate, value: float, fmt: str) -> str:
+    return "REFUSED" if r.refusal is not None else ("-" if math.isnan(value) else format(value, fmt))
+
+
+CHANGED_HEADER = ("run", "tokens/s per GPU", "hours", "cost, USD", "error")
+
+
+def changed_rows(changes: tuple[Change, ...]) -> list[list[str]]:
+    """Before -> after of each changed run; a run the change makes unfit is an error row."""
+    out = []
+    for c in changes:
+        o, n = c.old, c.new
+        error = f"ERROR: {refusal_text(n.refusal)}" if n.refusal is not None else ""
+        out.append(
+            [
+                f"{o.name} -> {n.name}",
+                _arrow(
+                    _fig(o, o.figures.speed.tokens_per_s_per_gpu, ",.0f"),
+                    _fig(n, n.figures.speed.tokens_per_s_per_gpu, ",.0f"),
+                ),
+                _arrow(_fig(o, o.figures.hours, ",.2f"), _fig(n, n.figures.hours, ",.2f")),
+                _arrow(_money(o), _money(n)),
+                error,
+            ]
+        )
+    return out
+
+
 def diff_markdown(d: PlanDiff) -> str:
-    n0, g0, c0 = _sum(d.old.runs) if d.old else (0, 0.0, 0.0)
+    # A run the change makes unfit is no saving: it counts on neither side of the difference.
+    unfit = {identity(c.new) for c in d.errors}
+    n0, g0, c0 = _sum(tuple(r for r in d.old.runs if identity(r) not in unfit)) if d.old else (0, 0.0, 0.0)
     n1, g1, c1 = _sum(d.new.runs)
     lines = [
         f"### Plan difference against {d.base}",
@@ -120,12 +175,19 @@ def diff_markdown(d: PlanDiff) -> str:
     lines.append(
         f"Added: {len(d.added)}, removed: {len(d.removed)}, changed: {len(d.changed)} (refused runs count in no total)."
     )
+    if d.errors:
+        lost = sum(c.old.figures.cost_usd or 0.0 for c in d.errors)
+        lines += [
+            "",
+            f"ERROR: this change makes {len(d.errors)} run(s) impossible to fit; they are not savings: their "
+            f"{f'${lost:,.2f}' if lost else 'cost'} before is left out of the difference. Fix them or remove them.",
+        ]
     if d.added:
         lines += ["", "Added:", "", table(PLAN_HEADER, plan_rows(d.added))]
     if d.removed:
         lines += ["", "Removed:", "", table(PLAN_HEADER, plan_rows(d.removed))]
     if d.changed:
-        lines += ["", "Changed:"]
+        lines += ["", "Changed:", "", table(CHANGED_HEADER, changed_rows(d.changed)), ""]
         for c in d.changed:
             lines.append(f"- {c.old.name} -> {c.new.name}: " + "; ".join(c.differences))
     lines += [
