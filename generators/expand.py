@@ -184,7 +184,8 @@ def format_table(plans: Sequence[Plan]) -> str:
     numeric = {4, 5, 6, 9}
     lines = [
         "  ".join(
-            c.rjust(w) if i in numeric and r is not header else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))
+            c.rjust(w) if i in numeric and r is not header else c.ljust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
         ).rstrip()
         for r in rows
     ]

@@ -272,7 +272,7 @@ def pack(examples: list[tuple[list[int], list[int]]], seq_len: int, packing: boo
     inputs_t = torch.full((n, seq_len), pad_id, dtype=torch.int32)
     targets_t = torch.full((n, seq_len), IGNORE_INDEX, dtype=torch.int32)
     lengths = torch.empty(n, dtype=torch.long)
-    for i, (ri, rt) in enumerate(zip(rows_in, rows_tg)):
+    for i, (ri, rt) in enumerate(zip(rows_in, rows_tg, strict=True)):
         inputs_t[i, : len(ri)] = torch.tensor(ri, dtype=torch.int32)
         targets_t[i, : len(rt)] = torch.tensor(rt, dtype=torch.int32)
         lengths[i] = len(ri)

@@ -13,8 +13,8 @@ logged one; times are wall-clock between synchronised points, so they include da
     mfu                  model FLOPs utilisation, a fraction: tokens_per_s_per_gpu x flops_per_token /
                          peak; flops_per_token = 6 x params other than the input embedding (the lm_head
                          counts) + 12 x layers x heads x head_dim x seq_len (trainer.catalog); fp8 runs
-                         use the same bf16 peak, so their MFU compares with bf16's; peak = metrics.peak_flops or the GPU's dense bf16
-                         peak (trainer.catalog.GPU_PEAK_FLOPS); 0 on CPU
+                         use the same bf16 peak, so their MFU compares with bf16's; peak = metrics.peak_flops
+                         or the GPU's dense bf16 peak (trainer.catalog.GPU_PEAK_FLOPS); 0 on CPU
     step_time_s          seconds per optimizer step
     peak_mem_gib         peak memory: CUDA max allocated (GPU) or peak resident set size (CPU), rank 0
     peak_mem_reserved_gib CUDA max reserved by the caching allocator (GPU); same as peak_mem_gib on CPU

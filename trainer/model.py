@@ -180,7 +180,7 @@ def init_random_weights(model: torch.nn.Module, seed: int) -> None:
         gen = torch.Generator(device=local.device)
         gen.manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
         full = torch.empty(param.shape, dtype=local.dtype, device=local.device).normal_(0.0, std, generator=gen)
-        local.copy_(full[tuple(slice(o, o + n) for o, n in zip(offset, local.shape))])
+        local.copy_(full[tuple(slice(o, o + n) for o, n in zip(offset, local.shape, strict=True))])
 
 
 class SafetensorsReader:

@@ -111,7 +111,7 @@ def apply_compile(model: torch.nn.Module, enabled: bool, device_type: str) -> No
     if not enabled:
         return
     if device_type != "cuda":
-        warnings.warn("parallelism.compile is ignored on CPU")
+        warnings.warn("parallelism.compile is ignored on CPU", stacklevel=2)
         return
     for layer in decoder_layers(model):
         layer.compile()

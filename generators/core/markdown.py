@@ -17,7 +17,9 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -
     def line(cells: Sequence[str]) -> str:
         return (
             "| "
-            + " | ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+            + " | ".join(
+                c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+            )
             + " |"
         )
 

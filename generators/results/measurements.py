@@ -305,7 +305,7 @@ def load_run(path: Path, label: str, warmup_logs: int) -> Measurement:
             key="step",
             fix="train more steps or log more often, or lower --warmup-logs",
         )
-    columns = list(zip(*kept))
+    columns = list(zip(*kept, strict=True))
     return Measurement(
         series=series,
         world_size=world_size,
@@ -366,7 +366,7 @@ def series_labels(measurements: Sequence[Measurement]) -> list[str]:
 def summarise(measurements: Sequence[Measurement], baseline_world_size: int | None = None) -> list[Point]:
     """Group into series (series_labels), combine repeats by the median, and compute totals and efficiency."""
     groups: dict[tuple[str, int], list[Measurement]] = {}
-    for m, label in zip(measurements, series_labels(measurements)):
+    for m, label in zip(measurements, series_labels(measurements), strict=True):
         groups.setdefault((label, m.world_size), []).append(m)
     points: list[Point] = []
     for name in sorted({series for series, _ in groups}):

@@ -126,7 +126,7 @@ def line_chart(
         wanted = sorted(
             (py(v) - 7, i, j)
             for i, s in enumerate(series)
-            for j, ((x, v), label) in enumerate(zip(s.points, s.labels))
+            for j, ((x, v), label) in enumerate(zip(s.points, s.labels, strict=False))  # labels may be ()
             if x == gpu and label
         )
         floor = -math.inf
@@ -147,7 +147,7 @@ def line_chart(
         out.append(f'<polyline class="measured" points="{coords}" fill="none" stroke-width="2"{dash_attr}/>')
         for x, v in s.points:
             out.append(f'<circle cx="{_f(px(x))}" cy="{_f(py(v))}" r="3.5" fill={quoteattr(marker_fill)}/>')
-        for j, ((x, v), label) in enumerate(zip(s.points, s.labels)):
+        for j, ((x, _), label) in enumerate(zip(s.points, s.labels, strict=False)):  # labels may be ()
             if label:
                 out.append(
                     f'<text x="{_f(px(x) + 6)}" y="{_f(label_y[(index, j)])}" fill={quoteattr(colour)} '

@@ -250,7 +250,7 @@ def _holds(data: Any, keys: Sequence[str]) -> bool:
             if (
                 "value" in op
                 and len(at) <= len(keys)
-                and all(a in (k, "-") for a, k in zip(at, keys))
+                and all(a in (k, "-") for a, k in zip(at, keys, strict=False))
                 and _holds(op["value"], keys[len(at) :])
             ):
                 return True

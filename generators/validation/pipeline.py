@@ -170,11 +170,15 @@ def validate(
     # 5. Semantics: objects in every unit (blaming the input file that set a field), PyTorchJobs as
     # applied (builds nothing else builds on, and plain manifest files).
     blames = [_blame(repo, u.build) if u.build else lambda doc, keys: doc.file for u in units]
-    for u, blame in zip(units, blames):
+    for u, blame in zip(units, blames, strict=True):
         for check in OBJECT_CHECKS:
             problems += check(u.docs, blame)
     p, num_jobs = check_jobs(
-        [(u.docs, blame) for u, blame in zip(units, blames) if u.build is None or u.build.dir not in used_as_base]
+        [
+            (u.docs, blame)
+            for u, blame in zip(units, blames, strict=True)
+            if u.build is None or u.build.dir not in used_as_base
+        ]
     )
     problems += p
     # Across the units of each cluster: runs against its device plugins and its provisioned nodes.

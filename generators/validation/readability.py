@@ -83,7 +83,7 @@ def check_readability(docs: Sequence[Doc], blame: Blame = lambda doc, keys: doc.
             fs_group = (pod.get("securityContext") or {}).get("fsGroup")
             volumes = {v.get("name"): (i, v) for i, v in enumerate(pod.get("volumes") or []) if isinstance(v, dict)}
             for key in ("initContainers", "containers"):
-                for ci, c in enumerate(pod.get(key) or []):
+                for c in pod.get(key) or []:
                     if not isinstance(c, dict):
                         continue
                     uid, non_root = _uid(pod, c)

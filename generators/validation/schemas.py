@@ -176,7 +176,7 @@ def kubeconform_units(
         out = json.loads(proc.stdout)
     except json.JSONDecodeError:
         raise ToolError(f"kubeconform failed: {' '.join((proc.stderr or proc.stdout).split())}") from None
-    index = {p: u for p, u in zip(paths, units)}
+    index = dict(zip(paths, units, strict=True))
     for r in out.get("resources") or []:
         if r.get("status") not in ("statusInvalid", "statusError"):
             continue
