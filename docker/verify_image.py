@@ -23,6 +23,7 @@ No GPU is needed: loading NCCL, cudart and the plugin and asking versions does n
 Calling the plugin's init() is left to the first run (NCCL_DEBUG=INFO): it opens the EFA devices,
 which a build machine does not have.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -80,10 +81,12 @@ def check_nccl(expected: tuple[int, ...]) -> list[tuple[bool, str]]:
     import torch  # noqa: PLC0415 - imported late: loading it is what is being checked
 
     loaded = mapped_libraries(NCCL_SONAME)
-    results.append((
-        len(loaded) == 1 and loaded <= shipped,
-        f"{NCCL_SONAME} mapped from {sorted(loaded) or 'nowhere'}; {NCCL_DIST} ships {sorted(shipped)}",
-    ))
+    results.append(
+        (
+            len(loaded) == 1 and loaded <= shipped,
+            f"{NCCL_SONAME} mapped from {sorted(loaded) or 'nowhere'}; {NCCL_DIST} ships {sorted(shipped)}",
+        )
+    )
     version = tuple(torch.cuda.nccl.version())
     results.append((version == expected, f"torch.cuda.nccl.version() = {version} (pinned {expected})"))
     return results
@@ -105,13 +108,22 @@ def check_cudart() -> list[tuple[bool, str]]:
     try:
         cudart = ctypes.CDLL(CUDART_NAME, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
     except OSError as err:
-        return [(False, f"dlopen({CUDART_NAME!r}) failed: {err}; link it to the libcudart.so.<major> torch uses, "
-                        "in a directory on LD_LIBRARY_PATH")]
+        return [
+            (
+                False,
+                f"dlopen({CUDART_NAME!r}) failed: {err}; link it to the libcudart.so.<major> torch uses, "
+                "in a directory on LD_LIBRARY_PATH",
+            )
+        ]
     version = ctypes.c_int(0)
     status = cudart.cudaRuntimeGetVersion(ctypes.byref(version))
     mapped = sorted(mapped_libraries("libcudart.so.", prefix=True))
-    return [(status == 0 and version.value > 0,
-             f"dlopen({CUDART_NAME!r}) -> {mapped}: cudaRuntimeGetVersion = {version.value} (status {status})")]
+    return [
+        (
+            status == 0 and version.value > 0,
+            f"dlopen({CUDART_NAME!r}) -> {mapped}: cudaRuntimeGetVersion = {version.value} (status {status})",
+        )
+    ]
 
 
 def plugin_tables(lib: ctypes.CDLL, kind: str) -> list[tuple[int, str]]:
@@ -135,8 +147,11 @@ def check_plugin(library: Path) -> list[tuple[bool, str]]:
     net, coll = plugin_tables(lib, "Net"), plugin_tables(lib, "CollNet")
     return [
         (True, f"dlopen({str(library)!r}, RTLD_NOW): every symbol resolved"),
-        (bool(net) and all(name for _, name in net),
-         f"ncclNet plugin tables: {[f'v{v} {n!r}' for v, n in net] or 'none'} (NCCL searches v{NET_VERSIONS[0]}..v{NET_VERSIONS[-1]})"),
+        (
+            bool(net) and all(name for _, name in net),
+            f"ncclNet plugin tables: {[f'v{v} {n!r}' for v, n in net] or 'none'} "
+            f"(NCCL searches v{NET_VERSIONS[0]}..v{NET_VERSIONS[-1]})",
+        ),
         (True, f"ncclCollNet plugin tables: {[f'v{v} {n!r}' for v, n in coll] or 'none'}"),
     ]
 
@@ -145,8 +160,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nccl", type=parse_version, required=True, help="pinned NCCL version, e.g. 2.28.9")
     parser.add_argument("--efa", action="store_true", help="also check the aws-ofi-nccl plugin and libfabric")
-    parser.add_argument("--plugin", type=Path, default=None,
-                        help="plugin library to load (default: libnccl-net-$NCCL_NET_PLUGIN.so in the plugin directory)")
+    parser.add_argument(
+        "--plugin",
+        type=Path,
+        default=None,
+        help="plugin library to load (default: libnccl-net-$NCCL_NET_PLUGIN.so in the plugin directory)",
+    )
     args = parser.parse_args(argv)
     results = check_nccl(args.nccl)
     if args.efa:

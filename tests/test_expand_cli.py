@@ -280,8 +280,8 @@ def test_missing_matrix_file_and_conflicting_options(tmp_path):
     result = invoke(str(tmp_path / "nope.yaml"), "--out", str(tmp_path / "o"))
     assert result.exit_code == 2
     assert (
-        result.stderr
-        == f"error: {tmp_path / 'nope.yaml'}: MATRIX: file not found; fix: pass the path of an existing matrix file, e.g. matrix.yaml\n"
+        result.stderr == f"error: {tmp_path / 'nope.yaml'}: MATRIX: file not found; "
+        "fix: pass the path of an existing matrix file, e.g. matrix.yaml\n"
     )
     matrix = tmp_path / "m.yaml"
     matrix.write_text(HEADER)

@@ -234,7 +234,8 @@ def test_a_base_that_breaks_the_contract_fails_the_cluster_build(tmp_path: Path)
     ds.write_text(
         ds.read_text().replace(
             "              - matchExpressions:\n",
-            "              - matchExpressions:\n                  - {key: kubernetes.io/os, operator: In, values: [linux]}\n",
+            "              - matchExpressions:\n"
+            "                  - {key: kubernetes.io/os, operator: In, values: [linux]}\n",
         )
     )
     out = kustomize_build(tmp_path / "overlays/infrastructure/fsdp-p5/node-tools")

@@ -78,7 +78,8 @@ def test_duplicate_top_level_key():
 def test_duplicate_nested_key_names_its_path():
     text = (
         HEADER
-        + "defaults:\n  cluster: fsdp-p5\n  trainer:\n    training:\n      lr: 1.0e-5\n      lr: 2.0e-5\naxes:\n  nodes: [1]\n"
+        + "defaults:\n  cluster: fsdp-p5\n  trainer:\n    training:\n"
+        + "      lr: 1.0e-5\n      lr: 2.0e-5\naxes:\n  nodes: [1]\n"
     )
     err = error_of(text)
     assert err.key == "defaults.trainer.training.lr"

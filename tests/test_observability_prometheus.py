@@ -137,7 +137,7 @@ def test_prometheus_scrapes_the_run_sums_pods_and_alerts_on_a_paused_trainer(tmp
                                 "targets": [f"127.0.0.1:{port}"],
                                 "labels": {"namespace": NAMESPACE, "pod": pod, "node": f"node-{i}", "run": RUN},
                             }
-                            for i, (pod, port) in enumerate(zip(pods, metrics_ports))
+                            for i, (pod, port) in enumerate(zip(pods, metrics_ports, strict=True))
                         ],
                     }
                 ],

@@ -286,11 +286,14 @@ def test_sigterm_on_one_node_stops_every_node_with_a_checkpoint_and_143(tmp_path
                 start_new_session=True,
             )
         )
-    logged = lambda: [
-        p
-        for p in (tmp_path / "a" / "metrics.jsonl", tmp_path / "b" / "metrics.jsonl")  # noqa: E731
-        if p.is_file() and len(p.read_text().splitlines()) >= 3
-    ]
+
+    def logged() -> list[Path]:
+        return [
+            p
+            for p in (tmp_path / "a" / "metrics.jsonl", tmp_path / "b" / "metrics.jsonl")
+            if p.is_file() and len(p.read_text().splitlines()) >= 3
+        ]
+
     wait_for(lambda: bool(logged()), procs[1], LAUNCH_TIMEOUT_S, "three logged steps")
     os.kill(procs[1].pid, signal.SIGTERM)
     logs = [finish(proc) for proc in procs]

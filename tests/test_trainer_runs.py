@@ -17,6 +17,7 @@ import sys
 import time
 import urllib.request
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -132,7 +133,7 @@ def test_metrics_jsonl_carries_throughput_fields(reference):
         assert 0.0 <= r["padding_fraction"] < 0.5
         assert r["samples"] == GLOBAL_BATCH * r["step"] and r["world_size"] == 2
     tokens = [r["tokens"] for r in records]
-    assert all(b > a for a, b in zip(tokens, tokens[1:]))
+    assert all(b > a for a, b in pairwise(tokens))
     # Real (non-padding) tokens: at most the global batch's token slots.
     assert tokens[-1] <= STEPS * GLOBAL_BATCH * 512
     run_info = json.loads((reference.out / "metrics" / "run.json").read_text())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from itertools import pairwise
 
 import pytest
 import torch
@@ -187,7 +188,7 @@ def test_lr_schedule_shapes():
     factors = [lr_factor(s, cfg, 20) for s in range(20)]
     assert factors[:4] == [0.25, 0.5, 0.75, 1.0]
     assert factors[4] == 1.0 and factors[-1] == pytest.approx(0.1)
-    assert all(a >= b for a, b in zip(factors[3:], factors[4:]))
+    assert all(a >= b for a, b in pairwise(factors[3:]))
     linear = TrainingConfig(lr=1.0, warmup_steps=0, min_lr_ratio=0.0, lr_schedule="linear")
     assert [lr_factor(s, linear, 5) for s in range(5)] == [1.0, 0.75, 0.5, 0.25, 0.0]
     constant = TrainingConfig(lr=1.0, warmup_steps=2, lr_schedule="constant")

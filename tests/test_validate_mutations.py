@@ -46,7 +46,8 @@ BASE_JOB = {
                         "containers": [
                             {
                                 "name": "pytorch",
-                                # {"$imagepolicy": ...} markers live in the real base; a pinned tag is what matters here.
+                                # {"$imagepolicy": ...} markers live in the real base; a pinned tag is what
+                                # matters here.
                                 "image": "public.ecr.aws/example/fsdp-trainer:0.1.0",
                                 "command": [
                                     "torchrun",

@@ -133,7 +133,7 @@ def test_operator_makes_pods_and_services_that_fit_the_pool(cluster: Cluster, gp
         cluster.apply(docs)
     for n, docs in small.items():
         job = job_of(docs)
-        cluster.wait_for(lambda: running(pods_of(cluster, job)) == n, 180, f"{n}-node run running")
+        cluster.wait_for(lambda job=job, n=n: running(pods_of(cluster, job)) == n, 180, f"{n}-node run running")
         assert job_problems(cluster, job) == []
 
     big_docs = dryrun.render(REPO_ROOT, run_dir(16))
@@ -177,7 +177,9 @@ def test_device_plugin_daemonsets_run_on_every_gpu_node_and_nowhere_else(cluster
 
     try:
         for d in plugins:
-            assert cluster.wait_for(lambda: placed(d), 180, f"{d['metadata']['name']} on every GPU node") == gpu_nodes
+            assert (
+                cluster.wait_for(lambda d=d: placed(d), 180, f"{d['metadata']['name']} on every GPU node") == gpu_nodes
+            )
     finally:
         cluster.kubectl("delete", "namespace", "device-plugins", "--wait=false")
 
