@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
+from matrix_support import HEADER
 
 from generators.core.errors import InputError
-from generators.plan import speed
+from generators.matrix import expand, load
+from generators.plan import plan_runs, speed
 from generators.plan.cost import load_prices
+from generators.plan.estimate import estimate_matrix, plan_rows
 from trainer.catalog import INSTANCE_TYPES, MODELS
 from trainer.config import check_topology, from_dict, to_dict
 from trainer.memory import estimate_peak_gib
@@ -275,3 +279,84 @@ def test_hours_follow_the_dataset_tokens():
     assert speed.steps_per_epoch(8 * 3 * 4096 * 10, cfg, 8) == 10
     assert speed.steps_per_epoch(8 * 3 * 4096 * 10 + 1, cfg, 8) == 11
     assert math.isfinite(per_gpu("p5.48xlarge", 1))
+
+
+def seqlen_records() -> list[tuple[str, int, dict]]:
+    """bf16 measurements at other sequence lengths than the calibration's 4096."""
+    return [
+        (name, number, r)
+        for name, number, r in RECORDS
+        if r["config"]["seq_len"] != 4096 and r["config"]["parallelism.precision"] == "bf16"
+    ]
+
+
+def test_causal_attention_is_counted_as_the_kernels_compute_it():
+    # Of n tiles of 128 rows a causal kernel computes n (n + 1) / 2 of n^2: 33/64 at 4096.
+    assert speed.causal_share(4096) == pytest.approx(33 / 64)
+    assert speed.causal_share(16384) == pytest.approx(129 / 256)
+    arch = MODELS["llama2-7b"]
+    mfu_attention = 12.0 * arch.num_layers * arch.hidden_size * 16384
+    assert speed.attention_flops_per_token(arch, 16384, "none", 2) == pytest.approx(mfu_attention * 129 / 256)
+    # A recomputed layer runs its causal forward attention once more.
+    extra = speed.attention_flops_per_token(arch, 16384, "full", 2) - speed.attention_flops_per_token(
+        arch, 16384, "none", 2
+    )
+    assert extra == pytest.approx(mfu_attention / 3 * 129 / 256)
+
+
+def test_the_speed_at_sequence_16384_is_within_5_percent_of_the_measurement():
+    [(name, number, record)] = [(n, i, r) for n, i, r in RECORDS if r["config"]["seq_len"] == 16384]
+    error = predicted_speed(record) / record["tokens_per_s_per_gpu"] - 1
+    assert abs(error) <= 0.05, f"{name}:{number} {error:+.1%}"
+
+
+@pytest.mark.parametrize("name,number,record", seqlen_records(), ids=[label(*r) for r in seqlen_records()])
+def test_bf16_speed_at_every_measured_sequence_length_is_within_5_percent(name, number, record):
+    assert {r["config"]["seq_len"] for _, _, r in seqlen_records()} >= {2048, 8192, 16384}
+    error = predicted_speed(record) / record["tokens_per_s_per_gpu"] - 1
+    assert abs(error) <= 0.05, f"{error:+.1%}: {record['command']}"
+
+
+def predict_on(instance: str, nodes: int, gpus: int, **parallelism) -> speed.Speed:
+    cfg = from_dict(
+        {
+            "model": {"name": "llama2-7b"},
+            "data": {"format": "synthetic", "seq_len": 4096},
+            "training": {"batch_size_per_gpu": 2},
+            "parallelism": parallelism,
+        }
+    )
+    shard = check_topology(cfg.parallelism, nodes * gpus, gpus)
+    topo = speed.Topology(nodes=nodes, gpus_per_node=gpus, shard=shard)
+    return speed.predict(MODELS["llama2-7b"], cfg, topo, speed.hardware(INSTANCE_TYPES[instance]))
+
+
+def test_a_prediction_outside_the_calibration_says_what_was_never_measured():
+    measured = predict_on("p5en.48xlarge", 1, 8, activation_checkpointing="none")
+    assert measured.uncalibrated == () and measured.basis.startswith("measured")
+    assert predict_on("p5en.48xlarge", 1, 8, activation_checkpointing="full", compile=False).uncalibrated == ()
+    assert predict_on("p5en.48xlarge", 1, 8, activation_checkpointing="full", precision="fp8").uncalibrated == (
+        "fp8 with full checkpointing",
+    )
+    assert predict_on("p5.48xlarge", 1, 8, activation_checkpointing="none").uncalibrated == ("H100 GPU",)
+    assert predict_on("p5en.48xlarge", 2, 8, activation_checkpointing="none").uncalibrated == ("EFA network",)
+    assert predict_on("p4de.24xlarge", 4, 8, activation_checkpointing="selective", precision="fp8").uncalibrated == (
+        "A100 GPU",
+        "fp8 with selective checkpointing",
+        "EFA network",
+    )
+
+
+def test_the_plan_marks_an_uncalibrated_run_and_not_a_calibrated_one(tmp_path):
+    matrix_file = tmp_path / "m.yaml"
+    matrix_file.write_text(
+        HEADER + "defaults:\n  cluster: fsdp-mixed\n  instance_type: p5en.48xlarge\n  model: llama2-7b\n"
+        "  trainer:\n    data: {format: synthetic}\n    training: {max_steps: 100}\n"
+        "include:\n  - {nodes: 1, trainer.parallelism.activation_checkpointing: none}\n"
+        "  - {nodes: 1, trainer.parallelism.activation_checkpointing: full, trainer.parallelism.precision: fp8}\n"
+    )
+    matrix = load(str(matrix_file))
+    est = estimate_matrix(matrix, plan_runs(matrix, expand(matrix), reject_unfit=False), load_prices())
+    calibrated, uncalibrated = (row[4] for row in plan_rows(est.runs))
+    assert re.fullmatch(r"[\d,]+", calibrated), calibrated
+    assert re.fullmatch(r"[\d,]+ \(uncalibrated: fp8 with full checkpointing\)", uncalibrated), uncalibrated
