@@ -18,6 +18,7 @@ from generators.core.gotools import REPO_ROOT, tool
 from generators.validation.device_plugins import check_device_plugins
 from generators.validation.fluxgraph import check_flux
 from generators.validation.index import Build, RepoIndex, repo_files
+from generators.validation.kueue import check_kueue_scope, check_kueue_values
 from generators.validation.manifests import (
     FLUX_KUSTOMIZATION,
     Doc,
@@ -47,7 +48,7 @@ from generators.validation.semantics import Blame, check_jobs, check_objects
 # Checks run on the documents of every unit (one kustomize build, or one plain manifest file); `blame`
 # names the input file that set a field of a document.
 ObjectCheck = Callable[[Sequence[Doc], Blame], list[Problem]]
-OBJECT_CHECKS: list[ObjectCheck] = [check_objects, check_pod_security, check_readability]
+OBJECT_CHECKS: list[ObjectCheck] = [check_objects, check_pod_security, check_readability, check_kueue_values]
 
 
 @dataclass
@@ -183,6 +184,8 @@ def validate(
     problems += p
     # Across the units of each cluster: runs against its device plugins and its provisioned nodes.
     problems += check_device_plugins([(u.label, u.docs) for u in units], {f: repo.docs[f] for f in repo.yaml_files})
+    # Per cluster: Kueue selects exactly the namespaces that hold its LocalQueues.
+    problems += check_kueue_scope([(u.label, u.docs, b) for u, b in zip(units, blames, strict=True)])
 
     return Report(
         collapse(problems),

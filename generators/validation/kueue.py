@@ -1,0 +1,217 @@
+"""Kueue is scoped to the runs' namespace and to the job kinds the repository queues.
+
+Kueue's admission webhooks have failurePolicy Fail: while Kueue is not serving (first install, an
+upgrade, its pod evicted) the API server refuses every object they match. With the chart's default
+values (sigs.k8s.io/kueue v0.16.2, charts/kueue/values.yaml and templates/webhook/manifests.yaml) that is
+every Job in every namespace (the job-kind webhooks carry a namespaceSelector only when
+managedJobsNamespaceSelector is set) and every Pod, Deployment and StatefulSet outside kube-system and
+kueue-system (those three webhooks fail closed while "pod", "deployment" and "statefulset" are in
+integrations.frameworks, which they are by default). So, for every HelmRelease of the Kueue chart:
+
+- values.managerConfig.controllerManagerConfigYaml is set (the chart's default is the unscoped
+  configuration above) and is a Kueue Configuration;
+- its managedJobsNamespaceSelector is set and selects no system namespace (generators/matrix/load.py
+  SYSTEM_NAMESPACES, each with the kubernetes.io/metadata.name label the API server gives it);
+- manageJobsWithoutQueueName is not true (it would queue every unlabelled Job of a selected namespace);
+- integrations.frameworks is set, lists kubeflow.org/pytorchjob (the runs) and nothing beyond QUEUED.
+
+And per cluster (the builds under infrastructure/<cluster>/): the namespaces the selector selects,
+among those the cluster's builds create, are exactly those that hold a LocalQueue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import yaml
+
+from generators.matrix.load import SYSTEM_NAMESPACES
+from generators.validation.device_plugins import cluster_of
+from generators.validation.manifests import HELM_RELEASE, Doc, Problem, gvk, meta, obj_name
+from generators.validation.semantics import Blame, reporter
+
+CONFIG_KEYS = ("spec", "values", "managerConfig", "controllerManagerConfigYaml")
+# The job kinds the repository puts under Kueue: the runs, and the NCCL pre-flight Job.
+QUEUED = ("kubeflow.org/pytorchjob", "batch/job")
+# Frameworks whose webhooks match objects every controller creates (the chart renders them with
+# failurePolicy Fail when listed).
+POD_BASED = ("pod", "deployment", "statefulset")
+NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every Namespace
+LOCAL_QUEUE = ("kueue.x-k8s.io", "LocalQueue")
+EXAMPLE = "see base/components/kueue/controller/release.yaml"
+
+
+def is_kueue_release(data: Any) -> bool:
+    if gvk(data) != HELM_RELEASE:
+        return False
+    spec = data.get("spec") or {}
+    chart = ((spec.get("chart") or {}).get("spec") or {}).get("chart")
+    ref = (spec.get("chartRef") or {}).get("name")
+    return "kueue" in (meta(data, "name"), chart, ref)
+
+
+def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """A metav1.LabelSelector against labels; an empty selector matches everything."""
+    for k, v in (selector.get("matchLabels") or {}).items():
+        if labels.get(str(k)) != str(v):
+            return False
+    for e in selector.get("matchExpressions") or []:
+        key, op, values = str(e.get("key")), e.get("operator"), [str(v) for v in e.get("values") or []]
+        ok = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }.get(str(op), False)
+        if not ok:
+            return False
+    return True
+
+
+def kueue_config(data: Any) -> tuple[dict[str, Any] | None, str]:
+    """(the Configuration of a Kueue HelmRelease, "") or (None, what is wrong with it)."""
+    raw: Any = data
+    for k in CONFIG_KEYS:
+        raw = raw.get(k) if isinstance(raw, dict) else None
+    if raw is None:
+        return None, (
+            "sets no managerConfig.controllerManagerConfigYaml, so the chart's default applies: its Job webhook "
+            "(failurePolicy Fail) matches every namespace and its Pod, Deployment and StatefulSet webhooks every "
+            "namespace but kube-system and kueue-system, so none of those can be created while Kueue is down; "
+            f"fix: set it with managedJobsNamespaceSelector and integrations.frameworks ({EXAMPLE})"
+        )
+    try:
+        cfg = yaml.safe_load(str(raw))
+    except yaml.YAMLError as e:
+        return None, f"managerConfig.controllerManagerConfigYaml is not YAML ({str(e).splitlines()[0]})"
+    if not isinstance(cfg, dict) or cfg.get("kind") != "Configuration":
+        return None, "managerConfig.controllerManagerConfigYaml is not a Kueue Configuration (kind: Configuration)"
+    return cfg, ""
+
+
+def system_namespaces_selected(selector: Mapping[str, Any]) -> list[str]:
+    return sorted(ns for ns in SYSTEM_NAMESPACES | {"kube-system"} if selector_matches(selector, {NAME_LABEL: ns}))
+
+
+def check_kueue_values(docs: Sequence[Doc], blame: Blame = lambda doc, keys: doc.file) -> list[Problem]:
+    """The values of every Kueue HelmRelease scope Kueue (see the module docstring)."""
+    problems: list[Problem] = []
+    for d in docs:
+        if not is_kueue_release(d.data):
+            continue
+        bad = reporter(problems, d, blame)
+        cfg, why = kueue_config(d.data)
+        if cfg is None:
+            bad(CONFIG_KEYS, why)
+            continue
+        selector = cfg.get("managedJobsNamespaceSelector")
+        if not isinstance(selector, dict):
+            bad(
+                CONFIG_KEYS,
+                "Kueue configuration sets no managedJobsNamespaceSelector: Kueue's default selects every "
+                "namespace but kube-system and kueue-system, and the chart then leaves the Job webhooks "
+                "(failurePolicy Fail) without a namespaceSelector, so no Job anywhere can be created while "
+                "Kueue is down; fix: select the run namespace only, e.g. matchLabels fsdp-gitops/kueue: managed "
+                f"({EXAMPLE})",
+            )
+        else:
+            hit = system_namespaces_selected(selector)
+            if hit:
+                bad(
+                    CONFIG_KEYS,
+                    f"Kueue's managedJobsNamespaceSelector selects system namespaces ({', '.join(hit)}): "
+                    "Kueue's webhooks (failurePolicy Fail) would refuse their Jobs while Kueue is down; "
+                    f"fix: select the run namespace only, e.g. matchLabels fsdp-gitops/kueue: managed ({EXAMPLE})",
+                )
+        if cfg.get("manageJobsWithoutQueueName") is True:
+            bad(
+                CONFIG_KEYS,
+                "Kueue configuration sets manageJobsWithoutQueueName: true, which suspends every Job without a "
+                "queue label in the selected namespaces (the data staging and volume setup Jobs would never "
+                "run); fix: false",
+            )
+        frameworks = (
+            (cfg.get("integrations") or {}).get("frameworks") if isinstance(cfg.get("integrations"), dict) else None
+        )
+        if not isinstance(frameworks, list):
+            bad(
+                CONFIG_KEYS,
+                "Kueue configuration sets no integrations.frameworks: Kueue's default enables every framework, "
+                "pod, deployment and statefulset included, whose webhooks then fail closed; "
+                f"fix: list only {', '.join(QUEUED)}",
+            )
+            continue
+        extra = [str(f) for f in frameworks if f not in QUEUED]
+        if extra:
+            pod_based = [f for f in extra if f in POD_BASED]
+            why = (
+                f" ({', '.join(pod_based)}: the chart then renders those webhooks with failurePolicy Fail, so "
+                "every Pod, Deployment or StatefulSet in the selected namespaces waits on Kueue)"
+                if pod_based
+                else ""
+            )
+            bad(
+                CONFIG_KEYS,
+                f"Kueue's integrations.frameworks lists {', '.join(extra)}, which the repository does not queue"
+                f"{why}; fix: list only {', '.join(QUEUED)}",
+            )
+        if "kubeflow.org/pytorchjob" not in frameworks:
+            bad(
+                CONFIG_KEYS,
+                "Kueue's integrations.frameworks lacks kubeflow.org/pytorchjob: the runs' queue label would be "
+                "ignored and every run would start at once; fix: list kubeflow.org/pytorchjob",
+            )
+    return problems
+
+
+def check_kueue_scope(units: Sequence[tuple[str, Sequence[Doc], Blame]]) -> list[Problem]:
+    """Per cluster: the namespaces its Kueue selects, of those its builds create, are those with a LocalQueue."""
+    by_cluster: dict[str, list[Doc]] = {}
+    blames: dict[int, Blame] = {}
+    for path, docs, blame in units:
+        where = cluster_of(path)
+        if where and where[0] == "infrastructure":
+            by_cluster.setdefault(where[1], []).extend(d for d in docs if isinstance(d.data, dict))
+            blames.update((id(d), blame) for d in docs)
+    problems: list[Problem] = []
+    for cluster, docs in sorted(by_cluster.items()):
+        releases = [d for d in docs if is_kueue_release(d.data)]
+        configs = [(d, kueue_config(d.data)[0]) for d in releases]
+        selectors = [
+            (d, c["managedJobsNamespaceSelector"])
+            for d, c in configs
+            if c and isinstance(c.get("managedJobsNamespaceSelector"), dict)
+        ]
+        if not selectors:
+            continue  # no Kueue, or values check_kueue_values already reports
+        namespaces = {meta(d.data, "name"): d for d in docs if gvk(d.data) == ("", "Namespace")}
+
+        def report(d: Doc, msg: str) -> None:
+            reporter(problems, d, blames[id(d)])(("metadata", "labels"), msg)
+
+        queued = {meta(d.data, "namespace"): d for d in docs if gvk(d.data) == LOCAL_QUEUE}
+        for release, selector in selectors:
+            selected = {
+                name
+                for name, d in namespaces.items()
+                if selector_matches(
+                    selector, {**((d.data.get("metadata") or {}).get("labels") or {}), NAME_LABEL: name}
+                )
+            }
+            for ns, q in sorted(queued.items()):
+                if ns in namespaces and ns not in selected:
+                    report(
+                        namespaces[ns],
+                        f"cluster {cluster}: Kueue's managedJobsNamespaceSelector does not select this namespace, "
+                        f"which holds {obj_name(q.data)}: its runs are never queued and start at once; fix: label "
+                        "it as the selector asks (the generator labels the run namespace fsdp-gitops/kueue: managed)",
+                    )
+            for ns in sorted(selected - set(queued)):
+                report(
+                    namespaces[ns],
+                    f"cluster {cluster}: Kueue's managedJobsNamespaceSelector selects this namespace, which holds "
+                    f"no LocalQueue: its Jobs would wait on Kueue's webhooks for nothing ({obj_name(release.data)}); "
+                    "fix: select the run namespace only",
+                )
+    return problems
