@@ -504,7 +504,7 @@ def parse(data: Any, file: str) -> Matrix:
             1,
             "(top level)",
             "the file is empty",
-            f"start with 'apiVersion: {API_VERSION}' and 'kind: {KIND}' (see README.md)",
+            f"start with 'apiVersion: {API_VERSION}' and 'kind: {KIND}' (see docs/matrix.md)",
         )
     if not isinstance(data, LineDict):
         raise _err(
@@ -530,7 +530,7 @@ def parse(data: Any, file: str) -> Matrix:
         )
     for required in ("repository", "clusters"):
         if required not in data:
-            raise _err(file, data.line, required, "is required", f"add a {required} section (see README.md)")
+            raise _err(file, data.line, required, "is required", f"add a {required} section (see docs/matrix.md)")
     repository = _parse_repository(file, data["repository"], lines["repository"])
 
     raw_clusters = _mapping(file, data["clusters"], lines["clusters"], "clusters", "cluster name -> settings")
