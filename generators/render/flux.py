@@ -78,7 +78,7 @@ BOOTSTRAP_GIT_SECRET = "flux-system"
 # The shared ReadWriteMany volume every run mounts at /shared (checkpoints, Hugging Face cache).
 SHARED_PVC = "fsdp-shared"
 # StorageClass of the shared volume: FSx for Lustre through the aws-fsx-csi-driver, created with
-# the cluster (it needs the cluster's subnet and security group, see the README, Deploy to EKS).
+# the cluster (it needs the cluster's subnet and security group, see docs/deploy-eks.md).
 SHARED_STORAGE_CLASS = "fsx-sc"
 # Optional Kueue component (base/components/kueue/queues): names the configs overlay patches.
 KUEUE_QUEUE = "fsdp"
