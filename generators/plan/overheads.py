@@ -17,16 +17,19 @@ data staging  a dataset on the shared volume (data.path under /shared/data/) is 
 saves         the part of each interval save that stops training, times the saves before the end,
               (steps - 1) // interval_steps. A save writes the fp32 parameters and AdamW moments, 12 P
               bytes (8 P with bf16 moments), each rank 1/S of it; writing takes the longer of a rank's
-              share at the measured write rate and the whole at the shared volume's throughput.
+              share at the rate measured with the run's checkpoint.writer_threads (the most threads
+              measured, not above the run's) and the whole at the shared volume's throughput.
               Synchronous (checkpoint.async_mode disabled): training waits for all of it.
               Asynchronous: training waits while the rank's share is copied into host memory (the
               measured staging rate), and for a previous save still being written when the next one
               starts (the write less the steps between saves).
-final save    the last save, which the run waits for, plus the consolidated export (2 P bytes written
-and export    by one rank) where checkpoint.export_dir is set.
+final save    the last save, which the run waits for to the end of its write, plus the consolidated
+and export    export (2 P bytes written by one rank) where checkpoint.export_dir is set.
 
-The checkpoint rates come from benchmarks/results/h200x1-checkpoint.jsonl (CHECKPOINT_RESULTS) once
-it exists; until then from the synchronous save measured on one H200 (SYNC_SAVE_*). The shared
+The checkpoint rates come from benchmarks/results/h200x1-checkpoint.jsonl (CHECKPOINT_RESULTS, the
+JSON lines of benchmarks/checkpoint_bench.py: the median of each kind of record and thread count)
+once it exists; until then from the synchronous save measured on one H200 (SYNC_SAVE_*), and an
+asynchronous save counts as a synchronous one. The shared
 volume's throughput is FSx for Lustre PERSISTENT_2 at FSX_MB_S_PER_TIB per TiB of the cluster's
 shared_storage_gib (the sizing generators/render/runs.py gives the graceful stop).
 """
@@ -35,7 +38,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -85,65 +88,83 @@ SYNC_SAVE_SOURCE = (
     "0.48-0.69 GB/s; the slower counted); loading not measured, counted at the same rate"
 )
 CHECKPOINT_RESULTS = "benchmarks/results/h200x1-checkpoint.jsonl"
-# The keys the planner reads of each record there (first of each tuple found).
-MODE_KEYS = ("async_mode", "config.checkpoint.async_mode")
-BYTES_KEYS = ("state_bytes", "state_gb", "state_gib")
-BLOCKING_KEYS = ("blocking_s",)
-WRITE_KEYS = ("write_s", "background_write_s")
-LOAD_KEYS = ("load_s",)
+# The records of benchmarks/checkpoint_bench.py, by "kind", and the keys the planner reads of each.
+RECORD_KEYS = {
+    "sync-save": ("writer_threads", "bytes", "blocking_s"),  # training waits for the whole save
+    "async-save": ("writer_threads", "state_bytes", "blocking_s", "bytes", "write_s"),  # copy, then write
+    "async-stage-only": ("state_bytes", "blocking_s"),  # the copy alone
+    "load": ("bytes", "load_s"),
+}
 ASYNC_MODES = ("async", "async_with_pinned_mem")
+
+
+def _by_threads(rates: dict[int, float], threads: int) -> float:
+    """The rate measured with the most writer threads not above `threads` (fewer threads write no
+    faster), else with the fewest measured."""
+    fitting = [t for t in rates if t <= threads]
+    return rates[max(fitting)] if fitting else rates[min(rates)]
 
 
 @dataclass(frozen=True, kw_only=True)
 class CheckpointRates:
-    """Per-rank rates in GB/s, with where they come from."""
+    """Per-rank rates in GB/s by writer threads, with where they come from."""
 
-    write_gb_s: float  # the files' write: what a synchronous save waits for, an asynchronous one does not
+    sync_gb_s: dict[int, float]  # a synchronous save, all of which training waits for
+    write_gb_s: dict[int, float]  # an asynchronous save's background write (empty: not measured)
     load_gb_s: float
-    # The blocking copy of an asynchronous save into host memory, per async_mode; absent: not measured.
-    stage_gb_s: dict[str, float] = field(default_factory=dict)
+    stage_gb_s: float | None  # an asynchronous save's blocking copy into host memory; None: not measured
     source: str
     measured: bool  # read from CHECKPOINT_RESULTS
 
+    def sync_rate(self, threads: int) -> float:
+        return _by_threads(self.sync_gb_s, threads)
+
+    def write_rate(self, threads: int) -> float:
+        return _by_threads(self.write_gb_s or self.sync_gb_s, threads)
+
 
 FALLBACK_RATES = CheckpointRates(
-    write_gb_s=SYNC_SAVE_GB_S, load_gb_s=SYNC_SAVE_GB_S, source=SYNC_SAVE_SOURCE, measured=False
+    sync_gb_s={1: SYNC_SAVE_GB_S},
+    write_gb_s={},
+    load_gb_s=SYNC_SAVE_GB_S,
+    stage_gb_s=None,
+    source=SYNC_SAVE_SOURCE,
+    measured=False,
 )
 
 
-def _get(record: dict[str, Any], keys: tuple[str, ...]) -> Any:
-    for key in keys:
-        value: Any = record
-        for part in key.split(".", 1) if key.startswith("config.") else (key,):
-            value = value.get(part) if isinstance(value, dict) else None
-        if value is not None:
-            return value
-    return None
-
-
-def _number(value: Any, file: str, line: int, key: str) -> float:
-    if type(value) not in (int, float) or not value > 0 or not math.isfinite(value):
+def _positive(record: dict[str, Any], key: str, file: str, line: int) -> float:
+    value: Any = record.get(key)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0 or not math.isfinite(value):
         raise InputError(
             f"must be a positive number, got {value!r}",
             file=file,
             line=line,
             key=key,
-            fix="write the measured figure of the checkpoint benchmark",
+            fix="record it with benchmarks/checkpoint_bench.py",
         )
     return float(value)
 
 
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
 def read_checkpoint_rates(path: Path | None = None) -> CheckpointRates:
-    """The rates of CHECKPOINT_RESULTS, or FALLBACK_RATES while that file does not exist. A record
-    without its mode, state size or blocking time is bad input naming the file, line and key; the
-    slowest record of each kind is counted."""
+    """The rates of CHECKPOINT_RESULTS (benchmarks/checkpoint_bench.py's JSON lines), or FALLBACK_RATES
+    while that file does not exist. The median of the records of each kind and thread count (the
+    first asynchronous save also allocates its host buffers). A record of an unknown kind or without
+    a figure the planner reads is bad input naming the file, line and key."""
     path = path if path is not None else REPO / CHECKPOINT_RESULTS
     if not path.exists():
         return FALLBACK_RATES
     file = CHECKPOINT_RESULTS if path == REPO / CHECKPOINT_RESULTS else str(path)
-    writes: list[float] = []
-    loads: list[float] = []
-    stages: dict[str, list[float]] = {}
+    sync: dict[int, list[float]] = {}
+    write: dict[int, list[float]] = {}
+    stage: list[float] = []
+    load: list[float] = []
     for number, text in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not text.strip():
             continue
@@ -151,44 +172,51 @@ def read_checkpoint_rates(path: Path | None = None) -> CheckpointRates:
             record = json.loads(text)
         except json.JSONDecodeError as err:
             raise InputError(f"not JSON ({err.msg})", file=file, line=number, fix="one JSON object per line") from None
-        if not isinstance(record, dict):
-            raise InputError("not a JSON object", file=file, line=number, fix="one JSON object per line")
-        mode = _get(record, MODE_KEYS)
-        if mode not in ("disabled", *ASYNC_MODES):
+        kind = record.get("kind") if isinstance(record, dict) else None
+        if kind not in RECORD_KEYS:
             raise InputError(
-                f"no checkpoint mode (got {mode!r})",
+                f"unknown record kind {kind!r}",
                 file=file,
                 line=number,
-                key=MODE_KEYS[0],
-                fix="write async_mode: disabled, async or async_with_pinned_mem",
+                key="kind",
+                fix=f"one of {', '.join(RECORD_KEYS)} (benchmarks/checkpoint_bench.py)",
             )
-        size_key = next((k for k in BYTES_KEYS if k in record), None)
-        if size_key is None:
-            raise InputError(
-                "no state size", file=file, line=number, key=BYTES_KEYS[0], fix="write the bytes one rank saved"
-            )
-        scale = {"state_bytes": 1.0, "state_gb": GB, "state_gib": GIB}[size_key]
-        gb = _number(record[size_key], file, number, size_key) * scale / GB
-        blocking = _number(_get(record, BLOCKING_KEYS), file, number, BLOCKING_KEYS[0])
-        write = _get(record, WRITE_KEYS)
-        write_s = blocking if write is None and mode == "disabled" else _number(write, file, number, WRITE_KEYS[0])
-        writes.append(gb / write_s)
-        if mode in ASYNC_MODES:
-            stages.setdefault(mode, []).append(gb / blocking)
-        load = _get(record, LOAD_KEYS)
-        if load is not None:
-            loads.append(gb / _number(load, file, number, LOAD_KEYS[0]))
-    if not writes:
-        raise InputError("holds no record", file=file, fix="remove the empty file or record the checkpoint benchmark")
-    loaded = f"{min(loads):.2f} GB/s" if loads else f"not measured, counted at the write rate {min(writes):.2f} GB/s"
+        v = {key: _positive(record, key, file, number) for key in RECORD_KEYS[kind]}
+        if kind == "sync-save":
+            sync.setdefault(int(v["writer_threads"]), []).append(v["bytes"] / GB / v["blocking_s"])
+        elif kind == "async-save":
+            write.setdefault(int(v["writer_threads"]), []).append(v["bytes"] / GB / v["write_s"])
+            stage.append(v["state_bytes"] / GB / v["blocking_s"])
+        elif kind == "async-stage-only":
+            stage.append(v["state_bytes"] / GB / v["blocking_s"])
+        else:
+            load.append(v["bytes"] / GB / v["load_s"])
+    if not sync and not write:
+        raise InputError(
+            "holds no save with its write (kind sync-save or async-save)",
+            file=file,
+            fix="record the saves with benchmarks/checkpoint_bench.py",
+        )
+    sync_gb_s = {t: _median(r) for t, r in sync.items()}
+    write_gb_s = {t: _median(r) for t, r in write.items()}
+    slowest_write = min([*sync_gb_s.values(), *write_gb_s.values()])
+    load_gb_s = _median(load) if load else slowest_write
+
+    def listed(rates: dict[int, float]) -> str:
+        return ", ".join(f"{r:.2f} GB/s with {t} thread{'s' if t > 1 else ''}" for t, r in sorted(rates.items()))
+
+    parts = [
+        f"synchronous save {listed(sync_gb_s)}" if sync_gb_s else "",
+        f"background write {listed(write_gb_s)}" if write_gb_s else "",
+        f"asynchronous copy {_median(stage):.1f} GB/s" if stage else "",
+        f"load {load_gb_s:.2f} GB/s" if load else "load not measured, counted at the slowest write",
+    ]
     return CheckpointRates(
-        write_gb_s=min(writes),
-        load_gb_s=min(loads) if loads else min(writes),
-        stage_gb_s={mode: min(rates) for mode, rates in stages.items()},
-        source=(
-            f"{file}: write {min(writes):.2f} GB/s per rank, load {loaded}"
-            + "".join(f", {m} staging {min(r):.2f} GB/s" for m, r in sorted(stages.items()))
-        ),
+        sync_gb_s=sync_gb_s or write_gb_s,
+        write_gb_s=write_gb_s,
+        load_gb_s=load_gb_s,
+        stage_gb_s=_median(stage) if stage else None,
+        source=f"{file} per rank: " + "; ".join(p for p in parts if p),
         measured=True,
     )
 
@@ -252,18 +280,19 @@ def overheads(
     saves, blocking, final = 0, 0.0, 0.0
     if cfg.checkpoint.dir:
         state_gb = arch.num_params * (4 + (4 if cfg.training.bf16_optimizer_state else 8)) / GB
-        write = max(state_gb / shard / rates.write_gb_s, state_gb / volume)
+        threads = int(getattr(cfg.checkpoint, "writer_threads", 1))
+        synchronous = max(state_gb / shard / rates.sync_rate(threads), state_gb / volume)
         interval = cfg.checkpoint.interval_steps
         saves = (steps - 1) // interval if interval and steps else 0
-        mode = async_mode(cfg)
-        stage = rates.stage_gb_s.get(mode) or next(iter(rates.stage_gb_s.values()), None)
-        if mode in ASYNC_MODES and stage is not None:
-            blocking = state_gb / shard / stage + max(0.0, write - interval * step_s)
+        if async_mode(cfg) in ASYNC_MODES and rates.stage_gb_s is not None:
+            write = max(state_gb / shard / rates.write_rate(threads), state_gb / volume)
+            copy = state_gb / shard / rates.stage_gb_s
+            blocking = copy + max(0.0, write - interval * step_s)
+            final = copy + write
         else:
-            blocking = write
-        final = write
+            blocking = final = synchronous
         if cfg.checkpoint.export_dir:
-            final += max(weights_gb / rates.write_gb_s, weights_gb / volume)
+            final += max(weights_gb / rates.sync_rate(1), weights_gb / volume)
     return Overheads(
         start_s=start, model_load_s=load, staging_s=staging, saves=saves, save_blocking_s=blocking, final_s=final
     )
@@ -281,7 +310,7 @@ def notes(rates: CheckpointRates, async_runs: bool) -> list[str]:
         + (rates.source if rates.measured else f"{rates.source}; {CHECKPOINT_RESULTS} not recorded yet")
         + ".",
     ]
-    if async_runs and not rates.stage_gb_s:
+    if async_runs and rates.stage_gb_s is None:
         out.append(
             "Asynchronous saves: their blocking copy into host memory is not measured yet, so they count as "
             "synchronous saves."
