@@ -93,9 +93,10 @@ def test_rendered_clusters_validate_with_their_flux_graph(tree: tuple[Path, matr
     root, _ = tree
     report = pipeline.validate(root, crd_dir=schemas.default_crd_dir())
     assert report.problems == [], "\n".join(map(str, report.problems))
-    # 2 clusters x 4 infrastructure (controllers, configs, secrets, node tools), data staging and image
-    # automation in fsdp-p5 only, 4 runs, and the Training Operator's own Kustomization per cluster.
-    assert report.num_flux_kustomizations == 2 * 4 + 2 + 4 + 2
+    # 2 clusters x 5 infrastructure (controllers, configs, secrets, shared storage, node tools), data
+    # staging and image automation in fsdp-p5 only, 4 runs, and the Training Operator's own Kustomization
+    # per cluster.
+    assert report.num_flux_kustomizations == 2 * 5 + 2 + 4 + 2
 
 
 @pytest.mark.slow
@@ -125,13 +126,21 @@ def test_infrastructure_chain_is_controllers_configs_secrets(tree: tuple[Path, m
     # The data staging waits for its Jobs (Ready = data on the volume) and may replace a changed Job.
     data = by_name.pop("data-staging")
     assert data["path"] == "./overlays/infrastructure/fsdp-p5/data"
-    assert data["dependsOn"] == [{"name": "infra-configs"}] and data["wait"] is True and data["force"] is True
+    assert data["dependsOn"] == [{"name": "infra-configs"}, {"name": "shared-storage"}]
+    assert data["wait"] is True and data["force"] is True
+    # The shared volume's folders get the trainer's owner before anything writes there.
+    storage = by_name.pop("shared-storage")
+    assert storage["path"] == "./overlays/infrastructure/fsdp-p5/storage"
+    assert storage["dependsOn"] == [{"name": "infra-configs"}] and storage["wait"] is True and storage["force"] is True
     assert list(by_name) == ["infra-controllers", "infra-configs", "secrets"]
     assert "dependsOn" not in by_name["infra-controllers"]
     assert by_name["infra-configs"]["dependsOn"] == [{"name": "infra-controllers"}]
     assert by_name["secrets"]["dependsOn"] == [{"name": "infra-configs"}]
-    # Ready of infra-controllers must mean "CRDs and controllers are up"; the others have no rollout.
-    assert [s["wait"] for s in by_name.values()] == [True, False, False]
+    # Ready of infra-controllers must mean "CRDs and the controllers runs need are up" (healthChecks: the
+    # GPU-node DaemonSets are not waited for); the others have no rollout.
+    assert [s["wait"] for s in by_name.values()] == [False, False, False]
+    checked = {(h["kind"], h["name"]) for h in by_name["infra-controllers"]["healthChecks"]}
+    assert ("Kustomization", "training-operator") in checked and not any(k == "DaemonSet" for k, _ in checked)
     assert all(
         s["prune"] is True and s["sourceRef"] == {"kind": "GitRepository", "name": "fsdp-gitops"}
         for s in by_name.values()
@@ -154,7 +163,7 @@ def test_one_kustomization_per_run_after_infra_configs(tree: tuple[Path, matrix.
         assert spec["path"] == f"./overlays/runs/fsdp-p5/{run}"
         assert (root / spec["path"]).is_dir()
         # After the data: no PyTorchJob (so no GPU node) before the dataset is on the volume.
-        assert spec["dependsOn"] == [{"name": "infra-configs"}, {"name": "data-staging"}]
+        assert spec["dependsOn"] == [{"name": "infra-configs"}, {"name": "shared-storage"}, {"name": "data-staging"}]
         assert spec["prune"] is True and spec["wait"] is False
         assert "targetNamespace" not in spec
         assert len(d["metadata"]["name"]) <= 63

@@ -17,15 +17,24 @@ pull in the rest, in this order (each `dependsOn` waits for the Ready condition 
 
     infra-controllers   device plugins, cluster autoscaler, etcd, Training Operator (its own Flux
                         Kustomization), kube-prometheus-stack, dcgm-exporter, Kueue (when the
-                        cluster has it). wait: true, so Ready means CRDs are established,
-                        HelmReleases installed and Deployments/DaemonSets rolled out.
+                        cluster has it). Health-checked (healthChecks, not wait) on what runs and
+                        configs need only: the Training Operator, kube-prometheus-stack (the CRDs of
+                        the monitors in infra-configs), etcd and Kueue (RUN_PREREQUISITES). The
+                        GPU-node DaemonSets (device plugins, DCGM exporter) are applied here but
+                        not waited for: one GPU node whose agent cannot start must not hold back
+                        every new run (alerts and `kubectl get ds` watch them instead).
     infra-configs       monitors, rules, dashboard, the run namespace, the shared PVC. wait: false:
                         none of these has a rollout to wait for, and a PVC whose StorageClass binds
                         on first use stays Pending until a run mounts it, so waiting would deadlock.
     secrets             base/secrets/<c> (SOPS-encrypted Secret hf-token), decrypted by
                         kustomize-controller with the age key in Secret flux-system/sops-age.
+    shared-storage      infrastructure/<c>/storage: base/shared-storage's Job, which creates the
+                        project's folders on the shared volume owned by the trainer's uid (the FSx
+                        CSI driver applies no fsGroup to it). After infra-configs; wait and force
+                        as data-staging; its first run binds the volume (FSx creates the file
+                        system: about 10 minutes).
     data-staging        infrastructure/<c>/data (generators/render/data.py): a Job per dataset the
-                        runs read, after infra-configs (namespace, PVC). wait: true (Ready once every
+                        runs read, after shared-storage. wait: true (Ready once every
                         Job completed), force: true (a Job is immutable; a changed one is replaced).
                         Only where the cluster's runs read a staged dataset.
     node-tools          infrastructure/<c>/node-tools: htop and nvtop on the GPU nodes. On its own:
@@ -35,8 +44,9 @@ pull in the rest, in this order (each `dependsOn` waits for the Ready condition 
                         Independent of the chain; it needs the image controllers that
                         `flux bootstrap --components-extra=image-reflector-controller,image-automation-controller`
                         installs, and a repository URL Flux may push to (ssh:// with the bootstrap key).
-    run-<run>           one per run, after infra-configs and data-staging; wait: false because a PyTorchJob has no
-                        status Flux can read as "ready" before it finishes, and a job runs for hours:
+    run-<run>           one per run, after infra-configs, shared-storage and data-staging; wait:
+                        false because a PyTorchJob has no status Flux can read as "ready" before it
+                        finishes, and a job runs for hours:
                         Ready means "applied", the Training Operator reports progress. One
                         Kustomization per run keeps a failed or invalid run from blocking the others.
 
@@ -54,7 +64,7 @@ controllers overlay tests that key and replaces the values with the cluster's GP
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from generators.core.writer import JsonPatch
@@ -143,6 +153,32 @@ AUTOSCALER_DISCOVERY = (
 )
 AUTOSCALER_ARG = "/spec/template/spec/containers/0/command/2"
 KUEUE_CONTROLLER = "base/components/kueue/controller"
+# The shared volume's ownership Job (base/shared-storage), one per cluster, and its Flux Kustomization.
+STORAGE_BASE = "base/shared-storage"
+STORAGE_KUSTOMIZATION = "shared-storage"
+# What infra-controllers is health-checked on: the controllers runs and infra-configs need, never a
+# GPU-node DaemonSet (generators/validation/fluxgraph.py check_run_prerequisites holds that).
+RUN_PREREQUISITES: tuple[dict[str, str], ...] = (
+    {
+        "apiVersion": FLUX_KUSTOMIZATION_API,
+        "kind": "Kustomization",
+        "name": "training-operator",
+        "namespace": FLUX_NAMESPACE,
+    },
+    {
+        "apiVersion": "helm.toolkit.fluxcd.io/v2",
+        "kind": "HelmRelease",
+        "name": "kube-prometheus-stack",
+        "namespace": "monitoring",
+    },
+    {"apiVersion": "apps/v1", "kind": "Deployment", "name": "etcd", "namespace": "fsdp-system"},
+)
+KUEUE_PREREQUISITE = {
+    "apiVersion": "helm.toolkit.fluxcd.io/v2",
+    "kind": "HelmRelease",
+    "name": "kueue",
+    "namespace": "kueue-system",
+}
 KUEUE_QUEUES = "base/components/kueue/queues"
 
 
@@ -156,11 +192,12 @@ def render_cluster(plan: ClusterPlan, layout: Layout, *, image_automation: bool 
     out: dict[str, Any] = {
         f"clusters/{c}/sources.yaml": git_repository(plan.source, layout),
         f"clusters/{c}/infrastructure.yaml": infrastructure_kustomizations(
-            c, layout, staged=bool(data), image_automation=image_automation
+            c, layout, staged=bool(data), image_automation=image_automation, kueue=cluster.kueue
         ),
         f"infrastructure/{c}/controllers/kustomization.yaml": controllers_kustomization(cluster, layout),
         f"infrastructure/{c}/controllers/deployment.cluster-autoscaler.yaml": autoscaler_patch(cluster),
         f"infrastructure/{c}/node-tools/kustomization.yaml": node_tools_kustomization(c, layout),
+        f"infrastructure/{c}/storage/kustomization.yaml": storage_kustomization(cluster, layout),
         f"infrastructure/{c}/configs/kustomization.yaml": configs_kustomization(cluster, layout),
         f"infrastructure/{c}/configs/namespace.yaml": run_namespace(cluster),
         f"infrastructure/{c}/configs/pvc.yaml": shared_pvc(cluster),
@@ -213,6 +250,7 @@ def flux_kustomization(
     timeout: str,
     decrypt: bool = False,
     force: bool = False,
+    health_checks: Sequence[Mapping[str, str]] = (),
 ) -> dict[str, Any]:
     """A Flux Kustomization over `path` (relative to the repository root) of this repository."""
     spec: dict[str, Any] = {
@@ -230,6 +268,8 @@ def flux_kustomization(
         spec["decryption"] = {"provider": "sops", "secretRef": {"name": SOPS_AGE_SECRET}}
     if force:
         spec["force"] = True
+    if health_checks:
+        spec["healthChecks"] = [dict(h) for h in health_checks]
     return {
         "apiVersion": FLUX_KUSTOMIZATION_API,
         "kind": "Kustomization",
@@ -239,19 +279,20 @@ def flux_kustomization(
 
 
 def infrastructure_kustomizations(
-    c: str, layout: Layout, *, staged: bool = False, image_automation: bool = True
+    c: str, layout: Layout, *, staged: bool = False, image_automation: bool = True, kueue: bool = False
 ) -> list[dict[str, Any]]:
-    """infra-controllers -> infra-configs -> secrets and data-staging; node-tools and image-automation
-    on their own (see the module docstring)."""
+    """infra-controllers -> infra-configs -> secrets, shared-storage -> data-staging; node-tools and
+    image-automation on their own (see the module docstring)."""
     out = [
         # kube-prometheus-stack's first install takes several minutes; the timeout covers it.
         flux_kustomization(
             "infra-controllers",
             layout.flux_path(f"infrastructure/{c}/controllers"),
             depends_on=(),
-            wait=True,
+            wait=False,
             interval="1h",
             timeout="20m",
+            health_checks=RUN_PREREQUISITES + ((KUEUE_PREREQUISITE,) if kueue else ()),
         ),
         flux_kustomization(
             "infra-configs",
@@ -271,6 +312,16 @@ def infrastructure_kustomizations(
             timeout="2m",
             decrypt=True,
         ),
+        # The shared volume's folders, owned by the trainer's uid, before anything writes there.
+        flux_kustomization(
+            STORAGE_KUSTOMIZATION,
+            layout.flux_path(f"infrastructure/{c}/storage"),
+            depends_on=("infra-configs",),
+            wait=True,
+            interval="1h",
+            timeout="60m",
+            force=True,
+        ),
         # Nothing depends on the node tools: one that cannot pull its image holds back no run.
         flux_kustomization(
             "node-tools",
@@ -288,7 +339,7 @@ def infrastructure_kustomizations(
             flux_kustomization(
                 "data-staging",
                 layout.flux_path(f"infrastructure/{c}/data"),
-                depends_on=("infra-configs",),
+                depends_on=("infra-configs", STORAGE_KUSTOMIZATION),
                 wait=True,
                 interval="1h",
                 timeout="60m",
@@ -308,7 +359,7 @@ def infrastructure_kustomizations(
 def run_kustomization(plan: Plan, layout: Layout, *, staged: bool = False) -> dict[str, Any]:
     """Kustomization run-<run> over the run's overlay (the overlay sets its own namespace); after the
     cluster's data staging when it has one, so no GPU node is asked for before the data exists."""
-    depends = ("infra-configs", "data-staging") if staged else ("infra-configs",)
+    depends = ("infra-configs", STORAGE_KUSTOMIZATION) + (("data-staging",) if staged else ())
     return flux_kustomization(
         f"run-{plan.name}",
         layout.flux_path(plan.overlay_dir),
@@ -354,6 +405,17 @@ def autoscaler_patch(cluster: Cluster) -> JsonPatch:
             {"op": "replace", "path": AUTOSCALER_ARG, "value": AUTOSCALER_DISCOVERY.format(cluster=cluster.name)},
         )
     )
+
+
+def storage_kustomization(cluster: Cluster, layout: Layout) -> dict[str, Any]:
+    """base/shared-storage in the cluster's run namespace (where PVC fsdp-shared lives)."""
+    here = f"infrastructure/{cluster.name}/storage"
+    return {
+        "apiVersion": KUSTOMIZE_API,
+        "kind": "Kustomization",
+        "namespace": cluster.namespace,
+        "resources": [layout.to_repo(here, STORAGE_BASE)],
+    }
 
 
 def node_tools_kustomization(c: str, layout: Layout) -> dict[str, Any]:

@@ -8,7 +8,12 @@ and the Flux objects found there join the graph. Then:
 - every Kustomization's sourceRef and every HelmRelease's chart source is defined in the graph;
 - every spec.path of this repository exists, is not a kustomize Component, and builds;
 - every dependsOn names a Kustomization (HelmRelease) of the graph, and dependsOn has no cycle;
-- no object is applied by two Kustomizations (they would fight over it and prune it from each other).
+- no object is applied by two Kustomizations (they would fight over it and prune it from each other);
+- a Kustomization that applies a PyTorchJob waits, through its dependsOn chain, on no node agent: no
+  Kustomization it depends on health-checks (wait: true, or healthChecks) a DaemonSet or a HelmRelease
+  whose values tolerate the GPU taint (the DCGM exporter). A DaemonSet is Ready only once its pod runs
+  on every node it selects, so one GPU node whose agent cannot start would hold back every new run;
+  runs wait only on what they need (the operator, the queues, the storage, the data).
 
 Sources declared in the bootstrap directory itself are this repository (Flux bootstrap puts the
 repository's GitRepository there); sources that synced overlays declare point at other repositories
@@ -26,6 +31,7 @@ from generators.validation.manifests import (
     FLUX_KUSTOMIZATION,
     FLUX_SOURCE_GROUP,
     HELM_RELEASE,
+    PYTORCHJOB,
     Doc,
     Problem,
     gvk,
@@ -110,6 +116,7 @@ def check_flux(repo: RepoIndex, roots: Sequence[str], kustomize: str) -> tuple[l
     for root_dir in roots:
         graph = FluxGraph(repo, root_dir, kustomize)
         problems += graph.problems + graph.check_dependencies() + graph.check_chart_sources() + graph.check_owners()
+        problems += graph.check_run_prerequisites()
         total += len(graph.kustomizations)
     return problems, total
 
@@ -248,6 +255,64 @@ class FluxGraph:
                     )
         return problems
 
+    def check_run_prerequisites(self) -> list[Problem]:
+        """No Kustomization that applies a PyTorchJob waits, through dependsOn, on a node agent."""
+        by_id: dict[tuple[str, str, str], Any] = {}
+        for docs in self.applied.values():
+            for x in docs:
+                if isinstance(x.data, dict):
+                    by_id.setdefault((str(x.data.get("kind")), meta(x.data, "namespace"), meta(x.data, "name")), x.data)
+
+        def label(o: FluxObject) -> str:
+            return f"Kustomization {o.ns}/{meta(o.data, 'name')}"
+
+        def checked(o: FluxObject) -> list[tuple[str, Any]]:
+            spec = o.data.get("spec") or {}
+            out = [("wait: true", x.data) for x in self.applied.get(label(o), [])] if spec.get("wait") is True else []
+            for h in spec.get("healthChecks") or []:
+                h = h if isinstance(h, dict) else {}
+                ref = (str(h.get("kind")), str(h.get("namespace") or o.ns), str(h.get("name")))
+                meta_ = {"name": ref[2], "namespace": ref[1]}
+                out.append(
+                    (
+                        "healthChecks",
+                        by_id.get(ref, {"apiVersion": h.get("apiVersion"), "kind": ref[0], "metadata": meta_}),
+                    )
+                )
+            return out
+
+        # (dependency, object) -> (how it is checked, why it is an agent, runs that wait on it)
+        found: dict[tuple[tuple[str, str], str], tuple[str, str, list[str]]] = {}
+        for key, run in sorted(self.kustomizations.items()):
+            if not any(gvk(x.data) == PYTORCHJOB for x in self.applied.get(label(run), [])):
+                continue
+            seen: set[tuple[str, str]] = set()
+            stack = [key]
+            while stack:
+                o = self.kustomizations[stack.pop()]
+                for dep in (o.data.get("spec") or {}).get("dependsOn") or []:
+                    dep = dep if isinstance(dep, dict) else {}
+                    target = (str(dep.get("namespace") or o.ns), str(dep.get("name") or ""))
+                    if target in self.kustomizations and target not in seen:
+                        seen.add(target)
+                        stack.append(target)
+            for target in sorted(seen):
+                for how, data in checked(self.kustomizations[target]):
+                    why = node_agent(data)
+                    if why:
+                        found.setdefault((target, obj_name(data)), (how, why, []))[2].append(meta(run.data, "name"))
+        problems = []
+        for (target, what), (how, why, runs) in sorted(found.items()):
+            others = f" and {len(runs) - 1} more runs" if len(runs) > 1 else ""
+            problems.append(
+                self.kustomizations[target].problem(
+                    f"{runs[0]}{others} wait through dependsOn on {what} ({how}): {why}, so one node whose "
+                    "agent cannot start holds back every new run; health-check only what runs need "
+                    "(spec.healthChecks) or apply the agents in a Kustomization no run depends on"
+                )
+            )
+        return problems
+
     def check_owners(self) -> list[Problem]:
         """No object is applied by two Kustomizations (or twice by one)."""
         appliers: dict[ObjectId, list[tuple[str, Doc]]] = {}
@@ -263,6 +328,20 @@ class FluxGraph:
                 x = users[-1][1]
                 problems.append(Problem(x.file, x.line, obj_name(x.data), f"{what}; keep it in one place"))
         return problems
+
+
+# The taint the GPU node groups carry (generators/render/provisioning.py GPU_TAINT).
+GPU_TAINT_KEY = "nvidia.com/gpu"
+
+
+def node_agent(data: Any) -> str:
+    """Why an object is a node agent a run must not wait on ("" when it is not one)."""
+    group, kind = gvk(data)
+    if (group, kind) == ("apps", "DaemonSet"):
+        return "a DaemonSet is Ready only once its pod runs on every node it selects"
+    if (group, kind) == HELM_RELEASE and GPU_TAINT_KEY in repr((data.get("spec") or {}).get("values")):
+        return "a HelmRelease of a GPU-node agent (its values tolerate the GPU taint) waits for its DaemonSet"
+    return ""
 
 
 def _is_flux(data: Any) -> bool:

@@ -5,7 +5,8 @@ and privilege: hostNetwork, hostPID, hostIPC, hostPath volumes, privileged conta
 capabilities, and containers that may run as root (neither runAsNonRoot nor a non-zero runAsUser on
 the pod or the container). Training, service and job pods need none of these. The node-level tools
 that do need some (htop/nvtop, the NVIDIA and EFA device plugins) are listed in HOST_ACCESS, one entry
-per privilege with the reason; anything not listed there is a problem, for node tools too
+per privilege with the reason, as is the one root Job (the shared volume's ownership, any namespace);
+anything not listed there is a problem, for node tools too
 (base/node-tools/README.md explains the node tools' privileges to the people who run them).
 
 A Secret with a `sops` block must have every value of data/stringData encrypted (`ENC[...]`) and a
@@ -40,6 +41,20 @@ HOST_ACCESS: dict[tuple[str, str], dict[str, str]] = {
         "hostPath:/var/lib/kubelet/device-plugins": "a device plugin registers with the kubelet through its socket",
         "hostPath:/dev/infiniband": "the EFA devices the plugin advertises live there",
         "root": "the kubelet's device-plugin socket directory is writable by root only",
+        "privileged": "as the upstream chart (aws/eks-charts, aws-efa-k8s-device-plugin >= 0.5.4): the plugin reads "
+        "the node's accelerator topology to align EFA interfaces with GPUs; no narrower context is proven on the "
+        "EKS GPU AMI",
+    },
+    # The one root container outside the node tools: the shared volume's one-time ownership Job
+    # (base/shared-storage). The FSx CSI driver declares fsGroupPolicy ReadWriteOnceWithFSType, so the
+    # kubelet never applies fsGroup to the ReadWriteMany volume and a new file system's root is
+    # root:root 0755; this Job creates the project's folders on it, owned by the trainer's uid 10001.
+    # Any namespace ("*"): it runs in each cluster's run namespace.
+    ("*", "shared-storage-init"): {
+        "root": "only root can create folders in the new file system's root:root 0755 root and hand them to uid 10001",
+        "capability:CHOWN": "hands the folders it creates to the trainer's uid and gid",
+        "capability:FOWNER": "sets the mode of folders the trainer's uid already owns (a volume used before)",
+        "capability:DAC_OVERRIDE": "creates a missing folder inside one already handed to the trainer's uid",
     },
 }
 SOPS_VALUE = re.compile(r"^ENC\[[A-Z0-9_]+,data:.*\]$", re.S)
@@ -109,7 +124,9 @@ def check_pod_security(docs: Sequence[Doc], blame: Blame = lambda doc, keys: doc
             continue
         bad = reporter(problems, d, blame)
 
-        allowed = HOST_ACCESS.get((meta(data, "namespace"), meta(data, "name")), {})
+        allowed = HOST_ACCESS.get((meta(data, "namespace"), meta(data, "name"))) or HOST_ACCESS.get(
+            ("*", meta(data, "name")) if gvk(data) == ("batch", "Job") else ("", ""), {}
+        )
         for at, pod in pod_specs(data):
             for keys, privilege in privileges(pod):
                 # A privileged PyTorchJob pod is reported by the job checks (semantics.py) already.
