@@ -25,6 +25,8 @@ def unit_of(nodeid: str) -> str:
     """The unit of work a test belongs to: its module, or its control plane under tests/cluster/."""
     path = nodeid.split("::", 1)[0]
     if path.startswith("tests/cluster/"):
+        if path.endswith("test_cluster_kueue.py"):
+            return "kueue"  # a control plane of its own: its Kueue webhooks would hold the others' runs
         if path.endswith("test_cluster_flux.py"):
             param = re.search(r"\[([^\]]+)\]$", nodeid)
             return f"flux-{param.group(1)}" if param else "flux"
