@@ -7,8 +7,8 @@ its steps (overheads.py: start, model load, data staging, the blocking part of i
 save and export); hours (steps and those terms), GPU-hours and cost from the price table (cost.py).
 Totals per cluster.
 
-A run that cannot fit (its memory estimate above the bound `auto` uses, trainer.memory.fits, or its
-loading above the host memory) is refused with the reason and the cheapest change that fixes it:
+A run that cannot fit (its memory estimate above the GPU less the measured headroom, trainer.memory.fits,
+or its loading above the host memory) is refused with the reason and the cheapest change that fixes it:
 of each family of changes below, the least change that makes the run fit is planned, and of those
 the one with the lowest predicted cost wins (GPU-hours where the instance has no price; within 1%,
 the earlier family):
