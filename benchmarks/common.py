@@ -170,6 +170,8 @@ def summarise(
         "median_step_time_s": median,
         "min_step_time_s": min(step_times),
         "max_step_time_s": max(step_times),
+        "mean_step_time_s": statistics.fmean(step_times),
+        "step_times_s": step_times,
         "tokens_per_s_per_gpu": tps_gpu,
         "mfu": tps_gpu * flops_per_token / peak_flops if peak_flops else 0.0,
         "versions": versions(),
@@ -191,7 +193,8 @@ def emit(result: dict, json_path: str | None) -> None:
     print(f"  {'world size':<36} {result['world_size']}")
     print(
         f"  {'median step time (s)':<36} {result['median_step_time_s']:.4f} "
-        f"(min {result['min_step_time_s']:.4f}, max {result['max_step_time_s']:.4f}, "
+        f"(mean {result['mean_step_time_s']:.4f}, min {result['min_step_time_s']:.4f}, "
+        f"max {result['max_step_time_s']:.4f}, "
         f"{result['measured_steps']} steps)"
     )
     print(f"  {'tokens/s per GPU':<36} {result['tokens_per_s_per_gpu']:,.0f}")

@@ -75,7 +75,7 @@ def main(
     from benchmarks.common import build_random_model, emit, profile_breakdown, summarise, time_steps
     from trainer.catalog import peak_flops_for
     from trainer.data import ShardedSampler, SyntheticDataset
-    from trainer.optim import build_optimizer, train_step
+    from trainer.optim import build_optimizer, settle_heap, train_step
     from trainer.parallelize import init_distributed
     from trainer.train import DistEnv
 
@@ -94,6 +94,7 @@ def main(
         batches = [dataset.batch(sampler.next_rows()).to(device) for _ in range(accum)]
         train_step(model, optimizer, batches, cfg.training, env.world_size, cfg.parallelism.grad_sync)
 
+    settle_heap()  # as trainer.train does before its loop
     times = time_steps(step, warmup, steps)
     breakdown = profile_breakdown(step, profile_steps) if profile_steps and device.type == "cuda" else None
     arch = MODELS[model_name]

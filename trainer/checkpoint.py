@@ -22,8 +22,24 @@ newest one with a missing or truncated file (a shard, .metadata, COMPLETE) is se
 the current one (`compare_configs`): changes to what the weights or the data order mean are refused
 in one line, the rest is said in one line and applied.
 
+Asynchronous saves (checkpoint.async_mode, default "async_with_pinned_mem"): training stops only while
+each rank copies its model and optimizer state into host memory (page-locked buffers allocated at the
+first save and reused, registered page by page so they take the state's size and no more); a
+background thread then writes the shards, agrees with the other ranks, writes COMPLETE and renames,
+all over a process group of its own (gloo), so its collectives never interleave with training's. A
+save in flight is waited for before the next save starts, before a SIGTERM exit and before a normal
+exit (`wait`, `close`); a failure of the background write surfaces there, as the same one line.
+`keep_last` removes older checkpoints only after the newer one is complete, so a process killed
+during a background save resumes from the previous complete checkpoint. "disabled" writes while
+training waits, as before. Either way each rank writes its files with `writer_threads` threads.
+
 Preemption: `StopRequest` turns SIGTERM into a flag that all ranks agree on after each step, so the
 loop saves a checkpoint and every rank exits with 143 (see trainer/launch.py for why that status).
+
+Tests only: FSDP_CHECKPOINT_TEST_HOOK=<dir> makes each rank append its save events to
+<dir>/events-rank<R>.jsonl, and a background write whose step has a file <dir>/hold-step-<N> stops
+after writing its shards (before COMPLETE), creates <dir>/held-step-<N>-rank-<R> and waits until the
+hold file is removed: a window, opened and closed by the test, in which a save is in flight.
 """
 
 from __future__ import annotations
@@ -34,8 +50,10 @@ import random
 import re
 import shutil
 import signal
+import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -43,19 +61,22 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import yaml
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.filesystem import FileSystemReader
+from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
     set_model_state_dict,
     set_state_dict,
 )
+from torch.distributed.tensor import DTensor
 
 from trainer.config import CheckpointConfig, ConfigError
 
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 COMPLETE = "COMPLETE"
 CORRUPT_PREFIX = ".corrupt-"
+TMP_PREFIX = ".tmp-"
+TEST_HOOK_ENV = "FSDP_CHECKPOINT_TEST_HOOK"
 
 # Resuming with one of these changed is refused: the weights were trained for that model, sequence
 # length and data, and the saved data position counts rows of that dataset in that seeded order.
@@ -192,7 +213,7 @@ def load_scheduler_state(scheduler: torch.optim.lr_scheduler.LambdaLR, state: di
     """
     scheduler.load_state_dict(state)
     scheduler.base_lrs = [lr] * len(scheduler.optimizer.param_groups)
-    for group, fn in zip(scheduler.optimizer.param_groups, scheduler.lr_lambdas):
+    for group, fn in zip(scheduler.optimizer.param_groups, scheduler.lr_lambdas, strict=True):
         group["initial_lr"] = lr
         group["lr"] = lr * fn(scheduler.last_epoch)
     scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
@@ -208,15 +229,125 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.received = False
+        self._hook = _TestHook(dist.get_rank() if dist.is_initialized() else 0)
         signal.signal(signal.SIGTERM, self._handle)
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.received = True
+        self._hook.event("sigterm", 0)
 
     def requested(self) -> bool:
         flag = torch.tensor([int(self.received)], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
+
+
+class HostStaging:
+    """A copy of a state dict in host memory that a background thread can write while training goes on.
+
+    `pinned` (CUDA only): the buffers are allocated once, registered with CUDA page by page
+    (cudaHostRegister: torch's pinned allocator would round each tensor up to a power of two, a third
+    more for Llama's MLP weights) and reused by every later save, so a save costs one device-to-host
+    copy at page-locked speed. Otherwise fresh ordinary buffers each time, freed after the write.
+    DTensors keep their sharding spec around a host-side local tensor, which is all DCP needs.
+    """
+
+    def __init__(self, pinned: bool):
+        self.pinned = pinned and torch.cuda.is_available()
+        self._cache: dict[str, Any] | None = None
+        self._registered: list[torch.Tensor] = []
+        self.bytes = 0  # host memory of one staged copy
+
+    def _host(self, t: torch.Tensor) -> torch.Tensor:
+        host = torch.empty(t.shape, dtype=t.dtype)
+        self.bytes += host.numel() * host.element_size()
+        if self.pinned and host.numel():
+            rc = int(torch.cuda.cudart().cudaHostRegister(host.data_ptr(), host.numel() * host.element_size(), 1))
+            if rc != 0:
+                raise RuntimeError(f"cudaHostRegister of {host.numel() * host.element_size()} bytes failed ({rc})")
+            self._registered.append(host)
+        return host
+
+    def _empty_like(self, obj: Any) -> Any:
+        if isinstance(obj, Mapping):
+            return {k: self._empty_like(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(self._empty_like(v) for v in obj)
+        if isinstance(obj, DTensor):
+            return DTensor(self._host(obj._local_tensor), obj._spec, requires_grad=False)
+        if isinstance(obj, torch.Tensor):
+            return self._host(obj)
+        return None  # plain values are taken from the live state at each save
+
+    def _copy(self, obj: Any, host: Any) -> Any:
+        if isinstance(obj, Mapping):
+            return {k: self._copy(v, host[k]) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(self._copy(v, h) for v, h in zip(obj, host, strict=True))
+        if isinstance(obj, DTensor):
+            host._local_tensor.copy_(obj._local_tensor, non_blocking=self.pinned)
+            return host
+        if isinstance(obj, torch.Tensor):
+            host.copy_(obj, non_blocking=self.pinned)
+            return host
+        return obj
+
+    def stage(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The host copy of `state` (same structure); returns once the copy is complete."""
+        if self._cache is None or not self.pinned:
+            self.bytes = 0
+            self._cache = self._empty_like(state)
+        staged = self._copy(state, self._cache)
+        if self.pinned:
+            torch.cuda.synchronize()
+        if not self.pinned:
+            self._cache = None
+        return staged
+
+    def close(self) -> None:
+        for host in self._registered:
+            torch.cuda.cudart().cudaHostUnregister(host.data_ptr())
+        self._registered, self._cache = [], None
+
+
+class _TestHook:
+    """Events and an in-flight window for the tests (FSDP_CHECKPOINT_TEST_HOOK, see the module docstring)."""
+
+    def __init__(self, rank: int):
+        self.dir = os.environ.get(TEST_HOOK_ENV, "")
+        self.rank = rank
+
+    def event(self, name: str, step: int, **extra: Any) -> None:
+        if self.dir:
+            with open(os.path.join(self.dir, f"events-rank{self.rank}.jsonl"), "a", encoding="utf-8") as fh:
+                fh.write(json.dumps({"event": name, "step": step, "time": time.time(), **extra}) + "\n")
+
+    def hold(self, step: int) -> None:
+        hold = os.path.join(self.dir, f"hold-step-{step}") if self.dir else ""
+        if hold and os.path.exists(hold):
+            self.event("held", step)
+            with open(os.path.join(self.dir, f"held-step-{step}-rank-{self.rank}"), "w", encoding="utf-8"):
+                pass
+            while os.path.exists(hold):
+                time.sleep(0.02)
+
+
+@dataclass
+class _Save:
+    """One save on its way to disk; the figures are filled in as it goes."""
+
+    step: int
+    tmp: str
+    final: str
+    state: dict[str, Any] | None
+    rng: dict[str, Any]
+    trainer_state: str
+    config: str
+    blocking_s: float = 0.0
+    write_s: float = 0.0
+    bytes: int = 0
+    error: str | None = None
+    crash: BaseException | None = field(default=None, repr=False)
 
 
 class Checkpointer:
@@ -228,6 +359,16 @@ class Checkpointer:
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self._rejected: set[str] = set()  # checkpoints found unloadable (rank 0), even if not set aside
+        # The writes' own process group (collective to create: every rank builds a Checkpointer). A
+        # background write runs DCP's plan exchange and the completion barriers on it; on the default
+        # group they could interleave with the training step's collectives in another order on each rank.
+        self._pg = dist.new_group(backend="gloo") if self.enabled else None
+        self._staging = HostStaging(pinned=cfg.async_mode == "async_with_pinned_mem")
+        self._thread: threading.Thread | None = None
+        self._pending: _Save | None = None
+        self._hook = _TestHook(self.rank)
+        self.last: _Save | None = None  # the last save waited for (figures for logs and benchmarks)
+        self.last_load: dict[str, Any] | None = None  # the last load: path, seconds, in place, state dtypes
 
     @property
     def enabled(self) -> bool:
@@ -238,10 +379,10 @@ class Checkpointer:
             return False
         return step == last_step or (self.cfg.interval_steps > 0 and step % self.cfg.interval_steps == 0)
 
-    def _agree(self, error: str | None) -> str | None:
+    def _agree(self, error: str | None, group: dist.ProcessGroup | None = None) -> str | None:
         """The first rank's error, on every rank (collective), so all ranks fail or succeed together."""
         errors: list[str | None] = [None] * self.world_size
-        dist.all_gather_object(errors, error)
+        dist.all_gather_object(errors, error, group=group)
         return next((e for e in errors if e), None)
 
     def _newest(self) -> tuple[str | None, list[str]]:
@@ -335,11 +476,23 @@ class Checkpointer:
             ]
         return compare_configs(saved, self.resolved_config, saved_world, self.world_size)
 
+    @property
+    def in_flight(self) -> bool:
+        return self._thread is not None
+
     def save(
         self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_state: dict[str, Any]
     ) -> str:
+        """Save the state after `step`; returns the checkpoint's path (complete once `wait` returns).
+
+        Waits for the previous save first. With async_mode "disabled" the checkpoint is complete on
+        return; otherwise only the copy to host memory happened and a background thread writes it.
+        """
+        t0 = time.perf_counter()
+        self.wait()
+        self._hook.event("stage", step)
         final = os.path.join(self.cfg.dir, step_dir_name(step))
-        tmp = os.path.join(self.cfg.dir, "." + "tmp-" + step_dir_name(step))
+        tmp = os.path.join(self.cfg.dir, TMP_PREFIX + step_dir_name(step))
         error = None
         if self.rank == 0:
             try:
@@ -348,69 +501,190 @@ class Checkpointer:
             except OSError as err:
                 error = _one_line(err)
         error = self._agree(error)
-        if error is None:
-            model_sd, optim_sd = get_state_dict(model, optimizer)
+        if error is not None:
+            raise self._failure(final, tmp, self._explain(error))
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        job = _Save(
+            step=step,
+            tmp=tmp,
+            final=final,
+            state=state,
+            rng=rng_state(),
+            trainer_state=json.dumps({**train_state, "step": step, "world_size": self.world_size}, indent=2),
+            config=yaml.safe_dump(self.resolved_config, sort_keys=False),
+        )
+        self._pending = job
+        if self.cfg.async_mode == "disabled":
+            self._write(job)
+            job.blocking_s = time.perf_counter() - t0
+            self.wait()
+            return final
+        try:
+            job.state = self._staging.stage(state)
+        except RuntimeError as err:  # e.g. host memory exhausted: every rank stops with the same line
+            job.error = _one_line(err)
+        error = self._agree(job.error)
+        if error is not None:
+            self._pending = None
+            raise self._failure(final, tmp, error)
+        job.bytes = self._staging.bytes
+        job.blocking_s = time.perf_counter() - t0
+        self._hook.event("staged", step, seconds=job.blocking_s)
+        self._thread = threading.Thread(target=self._write, args=(job,), name=f"checkpoint-{step}", daemon=True)
+        self._thread.start()
+        return final
+
+    def wait(self) -> _Save | None:
+        """Wait for the save in flight, if any; its figures, or ConfigError (every rank) if it failed."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        job, self._pending = self._pending, None
+        if job is None:
+            return None
+        self.last = job
+        if job.crash is not None:
+            raise job.crash
+        if job.error is not None:
+            raise self._failure(job.final, job.tmp, job.error)
+        return job
+
+    def close(self) -> None:
+        """Wait for the save in flight and release the host buffers and the writes' process group."""
+        try:
+            self.wait()
+        finally:
+            self._staging.close()
+            if self._pg is not None:
+                dist.destroy_process_group(self._pg)
+                self._pg = None
+
+    def _write(self, job: _Save) -> None:
+        """Write `job` to its temporary directory and make it complete (collective over the writes' group).
+
+        Runs in the background thread (or in the caller with async_mode "disabled"); never raises:
+        the outcome is left in `job` for `wait`.
+        """
+        try:
+            t0 = time.perf_counter()
+            error = None
             try:
-                dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
-                torch.save(rng_state(), os.path.join(tmp, f"rng-rank{self.rank:05d}.pt"))
+                writer = FileSystemWriter(job.tmp, thread_count=self.cfg.writer_threads)
+                dcp.save(job.state, storage_writer=writer, process_group=self._pg)
+                torch.save(job.rng, os.path.join(job.tmp, f"rng-rank{self.rank:05d}.pt"))
             except (CheckpointException, OSError, RuntimeError) as err:
                 error = _one_line(err)
-            error = self._agree(error)
-        if error is None and self.rank == 0:
-            try:
-                _fsync_write(
-                    os.path.join(tmp, "trainer_state.json"),
-                    json.dumps({**train_state, "step": step, "world_size": self.world_size}, indent=2),
-                )
-                _fsync_write(os.path.join(tmp, "config.yaml"), yaml.safe_dump(self.resolved_config, sort_keys=False))
-                files = {name: os.path.getsize(os.path.join(tmp, name)) for name in sorted(os.listdir(tmp))}
-                _fsync_write(
-                    os.path.join(tmp, COMPLETE),
-                    json.dumps({"step": step, "world_size": self.world_size, "time": time.time(), "files": files}),
-                )
-                shutil.rmtree(final, ignore_errors=True)
-                os.rename(tmp, final)
-            except OSError as err:
-                error = _one_line(err)
-        error = self._agree(error)
-        if error is not None:
-            # A full volume surfaces as whatever write hit it first (an OSError, or torch.save's
-            # RuntimeError without errno): say what it is, measured before the partial files go.
+            job.state = None  # the staged copy is no longer needed (unpinned buffers are freed here)
+            self._hook.event("written", job.step)
+            self._hook.hold(job.step)
+            error = self._agree(error, self._pg)
+            if error is None and self.rank == 0:
+                try:
+                    _fsync_write(os.path.join(job.tmp, "trainer_state.json"), job.trainer_state)
+                    _fsync_write(os.path.join(job.tmp, "config.yaml"), job.config)
+                    files = {name: os.path.getsize(os.path.join(job.tmp, name)) for name in sorted(os.listdir(job.tmp))}
+                    job.bytes = sum(files.values())
+                    _fsync_write(
+                        os.path.join(job.tmp, COMPLETE),
+                        json.dumps(
+                            {"step": job.step, "world_size": self.world_size, "time": time.time(), "files": files}
+                        ),
+                    )
+                    shutil.rmtree(job.final, ignore_errors=True)
+                    os.rename(job.tmp, job.final)
+                except OSError as err:
+                    error = _one_line(err)
+            error = self._agree(error, self._pg)
+            if error is not None:
+                job.error = self._explain(error)
+                if self.rank == 0:
+                    shutil.rmtree(job.tmp, ignore_errors=True)
+            else:
+                self._hook.event("complete", job.step)
+                if self.rank == 0:
+                    # Only now that a newer checkpoint is complete may the oldest go.
+                    for _, old in complete_checkpoints(self.cfg.dir)[: -self.cfg.keep_last]:
+                        shutil.rmtree(old, ignore_errors=True)
+                        self._hook.event("removed", job.step, path=os.path.basename(old))
+            dist.barrier(group=self._pg)
+            job.write_s = time.perf_counter() - t0
+        except BaseException as err:  # noqa: BLE001 - handed to the training thread by wait()
+            job.crash = err
+
+    def _explain(self, error: str) -> str:
+        """A full volume surfaces as whatever write hit it first (an OSError, or torch.save's RuntimeError
+        without errno): say what it is, measured before the partial files go."""
+        try:
             usage = shutil.disk_usage(self.cfg.dir)
-            if usage.free < max(64 * 2**20, usage.total // 100):
-                error = f"No space left on device ({usage.free / 2**20:.1f} of {usage.total / 2**20:.1f} MiB free)"
-            if self.rank == 0:
-                shutil.rmtree(tmp, ignore_errors=True)
-            found = complete_checkpoints(self.cfg.dir)
-            kept = f"{found[-1][1]} is intact" if found else "no earlier checkpoint exists"
-            raise ConfigError(
-                "checkpoint.dir",
-                f"writing checkpoint {final} failed: {error}; {kept}; free space "
-                "on that volume or point checkpoint.dir at a larger one, then relaunch to resume",
-            )
+        except OSError:
+            return error
+        if usage.free < max(64 * 2**20, usage.total // 100):
+            return f"No space left on device ({usage.free / 2**20:.1f} of {usage.total / 2**20:.1f} MiB free)"
+        return error
+
+    def _failure(self, final: str, tmp: str, error: str) -> ConfigError:
         if self.rank == 0:
-            for _, old in complete_checkpoints(self.cfg.dir)[: -self.cfg.keep_last]:
-                shutil.rmtree(old, ignore_errors=True)
-        dist.barrier()
-        return final
+            shutil.rmtree(tmp, ignore_errors=True)
+        found = complete_checkpoints(self.cfg.dir)
+        kept = f"{found[-1][1]} is intact" if found else "no earlier checkpoint exists"
+        return ConfigError(
+            "checkpoint.dir",
+            f"writing checkpoint {final} failed: {error}; {kept}; free space "
+            "on that volume or point checkpoint.dir at a larger one, then relaunch to resume",
+        )
 
     def load(self, path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
         """Restore model, optimizer (None: model only, e.g. for evaluation) and RNG in place.
 
-        Returns trainer_state.json's content.
+        DCP reads into the tensors it is given, and get_state_dict hands out the parameters and the
+        optimizer's own state tensors, so the load fills them where they are: the optimizer state
+        keeps the dtype this run configured (bf16 moments stay bf16 whatever the checkpoint holds),
+        and no second copy of it is made (set_state_dict's load_state_dict would cast every moment
+        to the parameters' dtype in new tensors). Only where a tensor was not filled in place (a
+        layout DCP had to rebuild) does it fall back to set_state_dict. Returns trainer_state.json's content.
         """
+        t0 = time.perf_counter()
+        in_place = True
         if optimizer is None:
             state = {"model": get_model_state_dict(model)}
             dcp.load(state, checkpoint_id=path)
             set_model_state_dict(model, state["model"])
         else:
             model_sd, optim_sd = get_state_dict(model, optimizer)
+            live = {id(t) for per_param in optimizer.state.values() for t in per_param.values()}
+            live |= {id(p) for p in model.parameters()}
             state = {"model": model_sd, "optim": optim_sd}
             dcp.load(state, checkpoint_id=path)
-            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+            loaded = [t for t in _tensors(state["optim"].get("state", {}))]
+            if not all(id(t) in live for t in loaded):
+                in_place = False
+                set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+            elif not all(id(t) in live for t in _tensors(state["model"])):
+                set_model_state_dict(model, state["model"])
         rng_file = os.path.join(path, f"rng-rank{self.rank:05d}.pt")
         if os.path.isfile(rng_file):
             # A different world size has no state for this rank; the run then keeps its seeded RNG.
             set_rng_state(torch.load(rng_file, weights_only=True))
+        dtypes: dict[str, set[str]] = {}
+        for per_param in optimizer.state.values() if optimizer else ():
+            for key, value in per_param.items():
+                if isinstance(value, torch.Tensor):
+                    dtypes.setdefault(key, set()).add(str(value.dtype))
+        self.last_load = {
+            "path": path,
+            "seconds": time.perf_counter() - t0,
+            "in_place": in_place,
+            "dtypes": {key: sorted(found) for key, found in sorted(dtypes.items())},
+        }
         with open(os.path.join(path, "trainer_state.json"), encoding="utf-8") as fh:
             return json.load(fh)
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    """Every tensor in a nested state dict."""
+    if isinstance(obj, Mapping):
+        return [t for v in obj.values() for t in _tensors(v)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in _tensors(v)]
+    return [obj] if isinstance(obj, torch.Tensor) else []

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -56,6 +57,13 @@ def _adamw_bf16_update(
     param.mul_(1 - lr * weight_decay).sub_(lr / bias_correction1 * m / (v.sqrt() / bias_correction2_sqrt + eps))
 
 
+def _moments_to_bf16(optimizer: torch.optim.Optimizer) -> None:
+    for state in optimizer.state.values():
+        for key in ("exp_avg", "exp_avg_sq"):
+            if key in state and state[key].dtype != torch.bfloat16:
+                state[key] = state[key].to(torch.bfloat16)
+
+
 class AdamWBf16State(torch.optim.Optimizer):
     """AdamW (decoupled weight decay) with exp_avg and exp_avg_sq stored in bf16.
 
@@ -75,6 +83,9 @@ class AdamWBf16State(torch.optim.Optimizer):
     ):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self._compiled = None
+        # load_state_dict casts every state tensor to its parameter's dtype (fp32): put the moments
+        # back in bf16, so a run resumed through it keeps the memory it was planned with.
+        self.register_load_state_dict_post_hook(_moments_to_bf16)
 
     def _update_fn(self, device: torch.device):
         if device.type != "cuda":
@@ -116,6 +127,17 @@ class AdamWBf16State(torch.optim.Optimizer):
                 self._update_fn(param.device)(
                     param, _local(p.grad), _local(state["exp_avg"]), _local(state["exp_avg_sq"]), *scalars[key]
                 )
+
+
+def settle_heap() -> None:
+    """Collect once and move every object alive now out of the garbage collector's view (gc.freeze).
+
+    Called after setup, before the first step: the model, compile caches and imported modules hold
+    millions of long-lived Python objects, and each full collection during training would walk them
+    all again (a pause of a training step, irregularly). Objects made later are collected as usual.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainingConfig, device: torch.device) -> torch.optim.Optimizer:

@@ -123,7 +123,7 @@ def train(cfg: TrainConfig, env: DistEnv) -> int:
     from trainer.checkpoint import Checkpointer, StopRequest, load_scheduler_state
     from trainer.data import ShardedSampler, build_dataset, load_tokenizer
     from trainer.metrics import MetricsLogger, host_memory_probe
-    from trainer.optim import build_optimizer, build_scheduler, total_steps, train_step
+    from trainer.optim import build_optimizer, build_scheduler, settle_heap, total_steps, train_step
     from trainer.parallelize import build_mesh, init_distributed, parallelize, resolve_checkpointing
     from trainer.progress import ProgressPublisher
 
@@ -224,7 +224,7 @@ def train(cfg: TrainConfig, env: DistEnv) -> int:
             "config": to_dict(cfg),
             "world_size": env.world_size,
             "local_world_size": env.local_world_size,
-            "mesh": dict(zip(mesh.mesh_dim_names, mesh.shape)),
+            "mesh": dict(zip(mesh.mesh_dim_names, mesh.shape, strict=True)),
             "device": str(device),
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "num_params": arch.num_params,
@@ -233,6 +233,8 @@ def train(cfg: TrainConfig, env: DistEnv) -> int:
             "load": load,
             "total_steps": steps,
             "resumed_from": resume_path,
+            # seconds, whether the optimizer state was filled in place, and its dtypes after the load
+            "resume_load": checkpointer.last_load,
             "restart_count": metrics.restart_count,
             "dataset": {
                 "examples": dataset.num_examples,
@@ -258,6 +260,7 @@ def train(cfg: TrainConfig, env: DistEnv) -> int:
     accum = cfg.training.grad_accum_steps
     global_rows = cfg.training.batch_size_per_gpu * env.world_size * accum
     model.train()
+    settle_heap()
     metrics.restart_clock()
     stopping = False
     for step in range(start_step + 1, steps + 1):
@@ -271,14 +274,24 @@ def train(cfg: TrainConfig, env: DistEnv) -> int:
         stopping = stop.requested()
         if checkpointer.due(step, steps) or (stopping and checkpointer.enabled):
             t_save = time.perf_counter()
+            previous = checkpointer.in_flight
             path = checkpointer.save(
                 step,
                 model,
                 optimizer,
                 {"data": sampler.state_dict(), "scheduler": scheduler.state_dict(), "metrics": metrics.state_dict()},
             )
+            if previous and checkpointer.last:
+                say(_saved_line(checkpointer.last))
+            if checkpointer.in_flight and (stopping or step == steps):
+                # The last save of this launch: the process must not exit before it is complete.
+                say(f"checkpoint: {path} staged in {time.perf_counter() - t_save:.1f}s, waiting for its write")
+                say(_saved_line(checkpointer.wait()))
+            elif checkpointer.in_flight:
+                say(f"checkpoint: {path} staged in {time.perf_counter() - t_save:.1f}s, written in the background")
+            else:
+                say(f"checkpoint: {path} ({time.perf_counter() - t_save:.1f}s)")
             metrics.exclude(time.perf_counter() - t_save)
-            say(f"checkpoint: {path} ({time.perf_counter() - t_save:.1f}s)")
         if stopping:
             say(
                 f"stopped by SIGTERM after step {step}"
@@ -295,12 +308,22 @@ def train(cfg: TrainConfig, env: DistEnv) -> int:
     metrics.close()
     if progress:
         progress.close()
+    checkpointer.close()  # no save is in flight here; releases the host buffers and the writes' group
     # Every rank reaches the end before any tears its connections down: a rank still writing its
     # last checkpoint while a peer destroys the group can abort at exit (seen with gloo under load).
     dist.barrier()
     dist.destroy_process_group()
     # 128 + SIGTERM, what a process killed by the signal reports: the operator restarts such exits.
     return 128 + signal.SIGTERM if stopping else 0
+
+
+def _saved_line(job) -> str:
+    """One line for a completed background save (a trainer.checkpoint._Save)."""
+    rate = job.bytes / job.write_s / 1e9 if job.write_s else 0.0
+    return (
+        f"checkpoint: {job.final} complete, {job.bytes / 1e9:.2f} GB written in {job.write_s:.1f}s "
+        f"in the background ({rate:.2f} GB/s)"
+    )
 
 
 def _single_process_defaults() -> None:
