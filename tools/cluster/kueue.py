@@ -207,11 +207,13 @@ def start(
 ) -> Kueue:
     """install() Kueue into `cluster` and start the controller as a process; returns once its webhooks answer.
 
-    `cluster`: a harness.Cluster, or anything with the same `work`, `kubeconfig`, `apply`, `kubectl_result`,
-    `procs` and `_start(name, args, env=...) -> Process`. `release`: the HelmRelease whose values and
-    post-renderers configure Kueue (default: the repository's). `start_process`: how processes start
-    (default: cluster._start). `hosts_file`: the hosts file the API server resolves names with
-    (default: cluster.work / "hosts", the one harness.py binds over the API server's /etc/hosts)."""
+    `cluster`: a harness.Cluster, or anything with the same `work`, `kubeconfig`, `apply`,
+    `kubectl_result`, `procs` and `_start(name, args, env=...) -> Process`, and optionally
+    `get_url(url)` (an HTTP GET where the processes listen, e.g. inside the real-pods level's network
+    namespace). `release`: the HelmRelease whose values and post-renderers configure Kueue (default:
+    the repository's). `start_process`: how processes start (default: cluster._start). `hosts_file`:
+    the hosts file the API server resolves names with (default: cluster.work / "hosts", the one
+    harness.py binds over the API server's /etc/hosts)."""
     work = Path(cluster.work) / "kueue"
     webhook_port, health_port, metrics_port = free_port(), free_port(), free_port()
     hosts = hosts_file or Path(cluster.work) / "hosts"
@@ -251,7 +253,8 @@ def start(
         return True
 
     proc.wait_ready(certs_copied, timeout_s, "writing its webhook certificate")
-    proc.wait_ready(lambda: _get(f"http://127.0.0.1:{health_port}/readyz") == "ok", timeout_s, "ready")
+    get = getattr(cluster, "get_url", _get)  # the real-pods level answers from its network namespace
+    proc.wait_ready(lambda: get(f"http://127.0.0.1:{health_port}/readyz") == "ok", timeout_s, "ready")
     proc.wait_ready(lambda: webhook_answers(cluster), 60, "answering its webhooks")
     return Kueue(proc, webhook_port, health_port, config, for_process(docs, webhook_port))
 
