@@ -72,6 +72,14 @@ BINARIES = {
         ),
         Binary("kwok", "kwok", "sigs.k8s.io/kwok/cmd/kwok"),
         Binary("kueue", "kueue", "sigs.k8s.io/kueue/cmd/kueue"),
+        # Kubeflow Trainer v2 and the JobSet controller it runs on (clusters with job_api: trainjob).
+        Binary(
+            "trainer-controller-manager",
+            "kubeflow-trainer",
+            "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager",
+            ("-s -w",),
+        ),
+        Binary("jobset", "kubeflow-trainer", "sigs.k8s.io/jobset", ("-s -w",)),
         Binary("helm-template", "helm-template", "fsdp-gitops/tools/cluster/helm-template"),
         Binary("source-controller", "source-controller", "github.com/fluxcd/source-controller"),
         Binary("kustomize-controller", "kustomize-controller", "github.com/fluxcd/kustomize-controller"),
