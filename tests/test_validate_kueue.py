@@ -29,6 +29,7 @@ from generators.validation.kueue import (
     kueue_config,
     selector_matches,
 )
+from generators.validation.semantics import Blame
 
 RELEASE_FILE = "base/components/kueue/controller/release.yaml"
 # The chart's own default (charts/kueue/values.yaml of sigs.k8s.io/kueue v0.16.2), less the comments.
@@ -156,7 +157,7 @@ def test_selector_semantics():
     assert not selector_matches({"matchExpressions": [{"key": "a", "operator": "Bogus"}]}, labels)
 
 
-def cluster_units(namespace: dict[str, Any], queue_ns: str) -> list[tuple[str, list[Doc]]]:
+def cluster_units(namespace: dict[str, Any], queue_ns: str) -> list[tuple[str, list[Doc], Blame]]:
     local_queue = {
         "apiVersion": "kueue.x-k8s.io/v1beta2",
         "kind": "LocalQueue",
