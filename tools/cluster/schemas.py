@@ -5,6 +5,8 @@ Every CustomResourceDefinition the repository's manifests use comes from a pinne
 copy with its source and tag (tools/cluster/crds/vendor/SOURCES.md):
 
     kubeflow.org                        tools/cluster/training-operator   manifests/base/crds/
+    trainer.kubeflow.org, jobset.x-k8s.io  tools/cluster/kubeflow-trainer  manifests/base/crds/,
+                                                                          config/components/crd/bases/
     source/kustomize/helm.toolkit...    tools/cluster/<flux controller>   config/crd/bases/
     monitoring.coreos.com, kueue...,    tools/cluster/crds                example/prometheus-operator-crd/,
     karpenter.sh, karpenter.k8s.aws                                       config/components/crd/bases/, pkg/apis/crds/
@@ -58,6 +60,9 @@ CRD_SOURCES = (
     Source("kustomize-controller", "github.com/fluxcd/kustomize-controller", ("config/crd/bases/*.yaml",)),
     Source("helm-controller", "github.com/fluxcd/helm-controller", ("config/crd/bases/*.yaml",)),
     Source("crds", "github.com/prometheus-operator/prometheus-operator", ("example/prometheus-operator-crd/*.yaml",)),
+    # Kubeflow Trainer v2 (TrainJob, ClusterTrainingRuntime) and the JobSet it runs on: job_api trainjob.
+    Source("kubeflow-trainer", "github.com/kubeflow/trainer/v2", ("manifests/base/crds/trainer.kubeflow.org_*.yaml",)),
+    Source("kubeflow-trainer", "sigs.k8s.io/jobset", ("config/components/crd/bases/*.yaml",)),
     Source("crds", "sigs.k8s.io/kueue", ("config/components/crd/bases/*.yaml",)),
     Source(
         "crds",
