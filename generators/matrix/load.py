@@ -51,6 +51,7 @@ from generators.core.yamlio import LineDict, LineList, load_yaml, read_input
 from generators.matrix.schema import (
     API_VERSION,
     CLUSTER_FIELDS,
+    JOB_APIS,
     KIND,
     NAME_PREFIX_MAX,
     REPOSITORY_FIELDS,
@@ -342,6 +343,14 @@ def _parse_cluster(file: str, name: str, data: Any, line: int) -> Cluster:
             "capacity_blocks is true but the cluster names no capacity reservation",
             "list the Capacity Block ids (cr-...) in capacity_reservation_ids, or remove capacity_blocks",
         )
+    if f["job_api"] not in JOB_APIS:
+        raise _err(
+            file,
+            data.key_lines["job_api"],
+            f"{prefix}.job_api",
+            f"unknown job API {f['job_api']!r}",
+            f"use one of {', '.join(JOB_APIS)} (docs/job-api.md says which to choose)",
+        )
     if not _K8S_VERSION.match(f["kubernetes_version"]):
         raise _err(
             file,
@@ -380,6 +389,7 @@ def _parse_cluster(file: str, name: str, data: Any, line: int) -> Cluster:
         shared_storage_gib=f["shared_storage_gib"],
         kueue=f["kueue"],
         capacity_blocks=f["capacity_blocks"],
+        job_api=f["job_api"],
         lines={"name": line, **data.key_lines},
     )
 

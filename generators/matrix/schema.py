@@ -23,6 +23,10 @@ from typing import Any, Literal
 from trainer.config import TrainConfig
 
 RdzvBackend = Literal["c10d", "etcd"]
+# The job API a cluster's runs are written for: the Kubeflow Training Operator's PyTorchJob (v1,
+# kubeflow.org) or Kubeflow Trainer v2's TrainJob (trainer.kubeflow.org, on JobSet); docs/job-api.md.
+JobApi = Literal["pytorchjob", "trainjob"]
+JOB_APIS: tuple[str, ...] = typing.get_args(JobApi)
 
 API_VERSION = "fsdp-gitops/v1"
 KIND = "ExperimentMatrix"
@@ -135,6 +139,7 @@ CLUSTER_FIELDS: dict[str, tuple[Any, Any]] = {
     "shared_storage_gib": (int, 1200),
     "kueue": (bool, True),
     "capacity_blocks": (bool, False),
+    "job_api": (str, "pytorchjob"),
 }
 
 
@@ -169,6 +174,9 @@ class Cluster:
     # The capacity reservation ids are EC2 Capacity Blocks for ML (launched with market type
     # capacity-block), not On-Demand Capacity Reservations.
     capacity_blocks: bool = False
+    # The API the cluster's runs use: "pytorchjob" (Training Operator v1) or "trainjob" (Kubeflow
+    # Trainer v2 with JobSet); the plan, the names and the trainer are the same for both.
+    job_api: JobApi = "pytorchjob"
     # 1-based matrix line of each field that the matrix sets (and of the cluster's own key under
     # "name"), for errors raised after loading.
     lines: Mapping[str, int] = field(default_factory=dict, compare=False)

@@ -63,6 +63,17 @@ HASH_LEN = 6
 # and their headless Services <job>-worker-<index> (genGeneralName), so the name resolves in the
 # job's namespace as soon as that pod is scheduled.
 C10D_PORT = 29400
+# Under Kubeflow Trainer v2 (job_api: trainjob) JobSet names node i's pod <job>-node-0-<i> in the
+# headless Service <job>, so the first node resolves as <job>-node-0-0.<job> once its pod exists.
+
+
+def c10d_host(name: str, job_api: str) -> str:
+    """The host of a run's c10d rendezvous store (its first worker pod) under the cluster's job API."""
+    return f"{name}-node-0-0.{name}" if job_api == "trainjob" else f"{name}-worker-0"
+
+
+# The metrics port the TrainJob runtime's container declares (base/trainjob/runtime.yaml, port "metrics").
+TRAINJOB_METRICS_PORT = 8000
 # etcd: the shared server in fsdp-system (base/etcd), client port 2379.
 ETCD_ENDPOINT = "etcd.fsdp-system.svc.cluster.local:2379"
 # Paths on the shared volume (PVC fsdp-shared mounted at /shared in every run pod).
@@ -335,6 +346,15 @@ def plan_run(
             f"port {C10D_PORT} is the c10d rendezvous port of every run pod",
             "use another port for the metrics, e.g. 8000",
         )
+    if cluster.job_api == "trainjob" and cfg.metrics.prometheus_port not in (0, TRAINJOB_METRICS_PORT):
+        raise _fail(
+            matrix,
+            run,
+            "trainer.metrics.prometheus_port",
+            f"port {cfg.metrics.prometheus_port}: the TrainJob runtime declares the metrics port "
+            f"{TRAINJOB_METRICS_PORT} (base/trainjob/runtime.yaml) and a TrainJob cannot change a port",
+            f"use {TRAINJOB_METRICS_PORT} (or 0 for no metrics) on a job_api: trainjob cluster",
+        )
     par = cfg.parallelism
     try:
         shard_size = check_topology(par, world, gpus)
@@ -399,7 +419,7 @@ def plan_run(
         checkpoint=dataclasses.replace(cfg.checkpoint, dir=f"{CHECKPOINT_ROOT}/{lineage}"),
         metrics=dataclasses.replace(cfg.metrics, output_dir=f"{RUNS_ROOT}/{name}"),
     )
-    endpoint = f"{name}-worker-0:{C10D_PORT}" if run.rdzv_backend == "c10d" else ETCD_ENDPOINT
+    endpoint = f"{c10d_host(name, cluster.job_api)}:{C10D_PORT}" if run.rdzv_backend == "c10d" else ETCD_ENDPOINT
     return Plan(
         name=name,
         cluster=cluster.name,

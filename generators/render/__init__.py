@@ -14,6 +14,7 @@ from generators.plan import ClusterPlan
 from generators.render.flux import KUEUE_QUEUE, render_cluster
 from generators.render.layout import OVERLAYS, Layout, layout_for
 from generators.render.runs import render_run
+from generators.render.trainjob import render_trainjob_run
 
 __all__ = ["Layout", "OVERLAYS", "layout_for", "render"]
 
@@ -24,8 +25,9 @@ def render(plans: Sequence[ClusterPlan], layout: Layout = OVERLAYS) -> dict[str,
     files: dict[str, Any] = {}
     for i, plan in enumerate(plans):
         queue = KUEUE_QUEUE if plan.cluster.kueue else ""
+        render_one = render_trainjob_run if plan.cluster.job_api == "trainjob" else render_run
         for p in plan.runs:
-            files.update(render_run(p, layout, queue))
+            files.update(render_one(p, layout, queue))
         # The image automation commits to git: one cluster (the first of the matrix) runs it.
         for path, manifest in render_cluster(plan, layout, image_automation=i == 0).items():
             if path in files:

@@ -73,6 +73,7 @@ from generators.plan import ClusterPlan, Plan
 from generators.render.data import render_data
 from generators.render.layout import Layout
 from generators.render.preflight import preflight_dir, render_preflight
+from generators.render.trainjob import TRAINER_CONTROLLER, TRAINER_PREREQUISITE, TRAINJOB_RUNTIME
 from trainer.catalog import INSTANCE_TYPES
 
 FLUX_NAMESPACE = "flux-system"
@@ -192,7 +193,12 @@ def render_cluster(plan: ClusterPlan, layout: Layout, *, image_automation: bool 
     out: dict[str, Any] = {
         f"clusters/{c}/sources.yaml": git_repository(plan.source, layout),
         f"clusters/{c}/infrastructure.yaml": infrastructure_kustomizations(
-            c, layout, staged=bool(data), image_automation=image_automation, kueue=cluster.kueue
+            c,
+            layout,
+            staged=bool(data),
+            image_automation=image_automation,
+            kueue=cluster.kueue,
+            trainjob=cluster.job_api == "trainjob",
         ),
         f"infrastructure/{c}/controllers/kustomization.yaml": controllers_kustomization(cluster, layout),
         f"infrastructure/{c}/controllers/deployment.cluster-autoscaler.yaml": autoscaler_patch(cluster),
@@ -279,7 +285,13 @@ def flux_kustomization(
 
 
 def infrastructure_kustomizations(
-    c: str, layout: Layout, *, staged: bool = False, image_automation: bool = True, kueue: bool = False
+    c: str,
+    layout: Layout,
+    *,
+    staged: bool = False,
+    image_automation: bool = True,
+    kueue: bool = False,
+    trainjob: bool = False,
 ) -> list[dict[str, Any]]:
     """infra-controllers -> infra-configs -> secrets, shared-storage -> data-staging; node-tools and
     image-automation on their own (see the module docstring)."""
@@ -292,7 +304,9 @@ def infrastructure_kustomizations(
             wait=False,
             interval="1h",
             timeout="20m",
-            health_checks=RUN_PREREQUISITES + ((KUEUE_PREREQUISITE,) if kueue else ()),
+            health_checks=RUN_PREREQUISITES
+            + ((KUEUE_PREREQUISITE,) if kueue else ())
+            + ((TRAINER_PREREQUISITE,) if trainjob else ()),
         ),
         flux_kustomization(
             "infra-configs",
@@ -394,6 +408,9 @@ def controllers_kustomization(cluster: Cluster, layout: Layout) -> dict[str, Any
     }
     if cluster.kueue:
         out["components"] = [layout.to_repo(here, KUEUE_CONTROLLER)]
+    if cluster.job_api == "trainjob":
+        # Kubeflow Trainer v2 and JobSet (docs/job-api.md).
+        out.setdefault("components", []).append(layout.to_repo(here, TRAINER_CONTROLLER))
     return out
 
 
@@ -481,6 +498,9 @@ def configs_kustomization(cluster: Cluster, layout: Layout) -> dict[str, Any]:
     }
     if cluster.kueue:
         out["components"] = [layout.to_repo(f"infrastructure/{c}/configs", KUEUE_QUEUES)]
+    if cluster.job_api == "trainjob":
+        # The project's ClusterTrainingRuntime, after infra-controllers installed its CRD.
+        out.setdefault("components", []).append(layout.to_repo(f"infrastructure/{c}/configs", TRAINJOB_RUNTIME))
     return out
 
 

@@ -32,8 +32,8 @@ from generators.validation.manifests import HELM_RELEASE, Doc, Problem, gvk, met
 from generators.validation.semantics import Blame, reporter
 
 CONFIG_KEYS = ("spec", "values", "managerConfig", "controllerManagerConfigYaml")
-# The job kinds the repository puts under Kueue: the runs, and the NCCL pre-flight Job.
-QUEUED = ("kubeflow.org/pytorchjob", "batch/job")
+# The job kinds the repository puts under Kueue: the runs (PyTorchJob or TrainJob), and the NCCL pre-flight Job.
+QUEUED = ("kubeflow.org/pytorchjob", "trainer.kubeflow.org/trainjob", "batch/job")
 # Frameworks whose webhooks match objects every controller creates (the chart renders them with
 # failurePolicy Fail when listed).
 POD_BASED = ("pod", "deployment", "statefulset")
