@@ -88,8 +88,8 @@ def main(crd_schemas: Path | None, k8s_version: str, server: bool, paths: tuple[
     if server:
         # A real API server on loopback: started only when asked (tools/cluster/dryrun.py).
         checked, server_problems = cluster_tools("dryrun").server_problems(root, rel)
-        for p in server_problems:
-            click.echo(p, err=True)
+        for line in server_problems:
+            click.echo(line, err=True)
         click.echo(
             f"server-side dry-run of {checked} overlays: "
             f"{f'{len(server_problems)} problem(s)' if server_problems else 'OK'}"

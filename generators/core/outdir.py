@@ -254,9 +254,9 @@ def _build(tmp: Path, out_dir: Path, files: Mapping[str, bytes], drop: set[str])
             fh.write(data)
     # Directories left empty by the deletions go; directories that were empty already stay.
     for rel in sorted(had_content, key=lambda r: -len(Path(r).parts)):
-        d = tmp / rel
-        if rel != "." and d.is_dir() and not d.is_symlink() and not any(d.iterdir()):
-            d.rmdir()
+        emptied = tmp / rel
+        if rel != "." and emptied.is_dir() and not emptied.is_symlink() and not any(emptied.iterdir()):
+            emptied.rmdir()
 
 
 def write(out_dir: Path, expected: Mapping[str, bytes], *, generator: str, banner: bytes, label: str = "") -> Changes:

@@ -86,7 +86,7 @@ class LineLoader(yaml.SafeLoader):
                 raise InputError(
                     f"alias *{event.anchor} is not allowed",
                     file=self.file,
-                    line=event.start_mark.line + 1,
+                    line=event.start_mark.line + 1 if event.start_mark else 0,
                     key=self._where(),
                     fix="write the value out in full (anchors and aliases hide what a run gets)",
                 )
@@ -211,7 +211,7 @@ def read_input(path: str, *, fix: str, max_bytes: int, key: str = "", label: str
     """The UTF-8 text of an input file, refused (InputError naming the file) when it is missing, not a
     regular file (a directory, a FIFO, /dev/zero), larger than `max_bytes`, or not UTF-8. `label`: the
     name messages use (default: path); `key`: what names the file, e.g. "MATRIX"."""
-    where = {"file": label or path, "key": key, "fix": fix}
+    where: dict[str, Any] = {"file": label or path, "key": key, "fix": fix}
     try:
         info = os.stat(path)
     except FileNotFoundError:

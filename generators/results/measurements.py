@@ -204,7 +204,8 @@ def load_benchmarks(path: Path, label: str) -> list[Measurement]:
         world_size = _int(record, "world_size", at)
         config = record.get("config")
         # Launch agents (benchmarks/suite.py --nodes) split one host's GPUs between them.
-        agents = record.get("nodes") if type(record.get("nodes")) is int and record.get("nodes") > 0 else 1
+        nodes = record.get("nodes")
+        agents = nodes if type(nodes) is int and nodes > 0 else 1
         predicted = (
             predict_measured(config, world_size, world_size // agents, device, one_host=True)
             if isinstance(config, dict)
