@@ -968,6 +968,26 @@ def _image_config(
     return {"architecture": "amd64", "os": "linux", "created": "1970-01-01T00:00:00Z", "config": config}
 
 
+KEEP = 2  # archives kept per image kind (the newest); older ones and the layers only they used are removed
+
+
+def _prune(kind: str) -> None:
+    """Remove all but the KEEP newest archives of `kind`, then every layer no kept archive uses (under
+    the lock: no build is running). A trainer archive is gigabytes, and every change to trainer/ makes one."""
+    images = _images_dir()
+    kept = sorted(images.glob(f"{kind}-*/image.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for meta in kept[KEEP:]:
+        shutil.rmtree(meta.parent, ignore_errors=True)
+    used: set[str] = set()
+    for meta in images.glob("*-*/image.json"):
+        with contextlib.suppress(OSError, ValueError):
+            used.update(json.loads(meta.read_text()).get("layers", []))
+    for layer in (images / "layers").glob("*.tar"):
+        if layer.name not in used:
+            layer.unlink(missing_ok=True)
+            layer.with_suffix(".json").unlink(missing_ok=True)
+
+
 def _image(kind: str, specs: list[LayerSpec], config: dict[str, Any]) -> Image:
     key = _sha(json.dumps([_builder_source(), kind, [(s.name, s.key) for s in specs], config], sort_keys=True))
     folder = _images_dir() / f"{kind}-{key[:24]}"
@@ -986,7 +1006,9 @@ def _image(kind: str, specs: list[LayerSpec], config: dict[str, Any]) -> Image:
                     os.replace(tmp, folder / "image.tar")
                 finally:
                     tmp.unlink(missing_ok=True)
-                _atomic_write(meta, json.dumps({"name": name, "digest": digest}).encode())
+                layer_files = [layer.path.name for layer in layers]
+                _atomic_write(meta, json.dumps({"name": name, "digest": digest, "layers": layer_files}).encode())
+                _prune(kind)
                 size = (folder / "image.tar").stat().st_size
                 print(
                     f"image {name}: {size / 1e6:.1f} MB in {time.monotonic() - started:.1f} s",
