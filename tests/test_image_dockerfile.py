@@ -182,7 +182,7 @@ def test_archive_structure(tmp_path: Path) -> None:
             n.split("/")[-1]: tar.extractfile(n).read()
             for n in names
             if n.startswith("blobs/sha256/") and n.count("/") == 2 and tar.getmember(n).isfile()
-        }  # type: ignore[union-attr]
+        }
         layout = json.loads(tar.extractfile("oci-layout").read())  # type: ignore[union-attr]
         index = json.loads(tar.extractfile("index.json").read())  # type: ignore[union-attr]
     assert layout == {"imageLayoutVersion": "1.0.0"}
