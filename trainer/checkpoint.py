@@ -62,6 +62,7 @@ import torch.distributed.checkpoint as dcp
 import yaml
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
@@ -161,6 +162,9 @@ def verify(path: str) -> str | None:
         return f"{os.path.basename(err.filename or '')} is missing"
     except Exception as err:  # noqa: BLE001 - any unreadable file means "not loadable", said in one line
         return f"unreadable ({_one_line(err)})"
+    missing = _unwritten_items(metadata)
+    if missing:
+        return f"{len(missing)} saved items have no data in any shard (first: {missing[0]})"
     needed: dict[str, int] = {}
     for info in (metadata.storage_data or {}).values():
         needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
@@ -171,6 +175,19 @@ def verify(path: str) -> str | None:
         if os.path.getsize(file) < end:
             return f"shard {name} is truncated ({os.path.getsize(file)} of {end} bytes)"
     return None
+
+
+def _unwritten_items(metadata: Metadata) -> list[str]:
+    """Items the DCP .metadata declares but whose data no shard holds (a writer thread that failed)."""
+    stored = metadata.storage_data or {}
+    missing = []
+    for fqn, item in metadata.state_dict_metadata.items():
+        if isinstance(item, TensorStorageMetadata):
+            keys = [MetadataIndex(fqn, chunk.offsets) for chunk in item.chunks]
+        else:
+            keys = [MetadataIndex(fqn)]
+        missing += [fqn for key in keys if key not in stored]
+    return missing
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -332,6 +349,30 @@ class _TestHook:
                 time.sleep(0.02)
 
 
+class _WriterThreadErrors:
+    """Failures of DCP's extra writer threads (FileSystemWriter with thread_count > 1).
+
+    Those threads let an exception escape: Python prints its traceback, and DCP goes on without the
+    results of that thread's files, so the save could end with a .metadata that lacks those items.
+    While installed, such failures are kept here (the save then fails with one line) and not printed.
+    """
+
+    def __init__(self) -> None:
+        self.errors: list[BaseException] = []
+        self._previous = threading.excepthook
+        threading.excepthook = self._hook
+
+    def _hook(self, args: Any) -> None:
+        if args.thread is not None and "_write_files_from_queue" in args.thread.name and args.exc_value:
+            self.errors.append(args.exc_value)
+            return
+        self._previous(args)
+
+    def close(self) -> None:
+        if threading.excepthook == self._hook:
+            threading.excepthook = self._previous
+
+
 @dataclass
 class _Save:
     """One save on its way to disk; the figures are filled in as it goes."""
@@ -367,6 +408,7 @@ class Checkpointer:
         self._thread: threading.Thread | None = None
         self._pending: _Save | None = None
         self._hook = _TestHook(self.rank)
+        self._writer_errors = _WriterThreadErrors()
         self.last: _Save | None = None  # the last save waited for (figures for logs and benchmarks)
         self.last_load: dict[str, Any] | None = None  # the last load: path, seconds, in place, state dtypes
 
@@ -556,6 +598,7 @@ class Checkpointer:
             self.wait()
         finally:
             self._staging.close()
+            self._writer_errors.close()
             if self._pg is not None:
                 dist.destroy_process_group(self._pg)
                 self._pg = None
@@ -569,9 +612,12 @@ class Checkpointer:
         try:
             t0 = time.perf_counter()
             error = None
+            self._writer_errors.errors.clear()
             try:
                 writer = FileSystemWriter(job.tmp, thread_count=self.cfg.writer_threads)
                 dcp.save(job.state, storage_writer=writer, process_group=self._pg)
+                if self._writer_errors.errors:
+                    raise self._writer_errors.errors[0]
                 torch.save(job.rng, os.path.join(job.tmp, f"rng-rank{self.rank:05d}.pt"))
             except (CheckpointException, OSError, RuntimeError) as err:
                 error = _one_line(err)
@@ -581,6 +627,9 @@ class Checkpointer:
             error = self._agree(error, self._pg)
             if error is None and self.rank == 0:
                 try:
+                    missing = _unwritten_items(FileSystemReader(job.tmp).read_metadata())
+                    if missing:
+                        raise OSError(f"{len(missing)} items were not written (first: {missing[0]})")
                     _fsync_write(os.path.join(job.tmp, "trainer_state.json"), job.trainer_state)
                     _fsync_write(os.path.join(job.tmp, "config.yaml"), job.config)
                     files = {name: os.path.getsize(os.path.join(job.tmp, name)) for name in sorted(os.listdir(job.tmp))}
