@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from trainer_support import REPO_ROOT, finish, output_overrides, read_metrics, torchrun_cmd, trainer_env
 
-from trainer.progress import ProgressPublisher, annotations, format_eta
+from trainer.progress import ProgressPublisher, format_eta, pod_annotations
 
 TOKEN = "sa-token-of-the-run"
 POD = "tiny-run-worker-0"
@@ -38,7 +38,7 @@ RECORD = {
 
 
 def test_annotations_carry_step_epoch_loss_throughput_and_eta():
-    assert annotations(RECORD, 1000) == {
+    assert pod_annotations(RECORD, 1000) == {
         "fsdp-gitops/step": "120/1000",
         "fsdp-gitops/epoch": "1",
         "fsdp-gitops/loss": "1.2346",
@@ -46,7 +46,7 @@ def test_annotations_carry_step_epoch_loss_throughput_and_eta():
         "fsdp-gitops/eta": "36m40s",  # 880 steps x 2.5 s
         "fsdp-gitops/updated": "2026-11-30T20:20:00Z",
     }
-    assert annotations({**RECORD, "step": 1000}, 1000)["fsdp-gitops/eta"] == "done"
+    assert pod_annotations({**RECORD, "step": 1000}, 1000)["fsdp-gitops/eta"] == "done"
     assert [format_eta(s) for s in (0, 59.6, 61, 3600 * 26 + 125)] == ["0s", "1m00s", "1m01s", "26h02m"]
 
 

@@ -91,7 +91,9 @@ class HFTokenizer:
         return self._tok(text, add_special_tokens=False)["input_ids"]
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self._tok.decode(ids)
+        text = self._tok.decode(list(ids))
+        assert isinstance(text, str), type(text)  # one sequence of ids decodes to one string
+        return text
 
 
 def read_records(path: str) -> list[tuple[int, dict]]:
@@ -166,12 +168,16 @@ class Batch:
         if device.type == "cpu":
             return self
 
-        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+        def move(t: torch.Tensor) -> torch.Tensor:
             # Pinned host memory lets the copy overlap with the previous step's kernels.
-            return None if t is None else t.pin_memory().to(device, non_blocking=True)
+            return t.pin_memory().to(device, non_blocking=True)
 
         return Batch(
-            move(self.input_ids), move(self.targets), move(self.loss_index), self.num_loss_tokens, self.num_real_tokens
+            move(self.input_ids),
+            move(self.targets),
+            None if self.loss_index is None else move(self.loss_index),
+            self.num_loss_tokens,
+            self.num_real_tokens,
         )
 
 
@@ -296,7 +302,7 @@ def build_dataset(cfg: DataConfig, tokenizer: Any, vocab_size: int, seed: int) -
     """The training rows for `cfg` (the tokenizer is unused for the synthetic format)."""
     if cfg.format == "synthetic":
         return SyntheticDataset(cfg.num_synthetic_samples, cfg.seq_len, vocab_size, seed)
-    examples = []
+    examples: list[tuple[list[int], list[int]]] = []
     for lineno, item in read_records(cfg.path):
         where = f"{cfg.path} line {lineno}" if lineno else f"{cfg.path} example {len(examples) + 1}"
         prompt, response = format_example(cfg.format, item, where)
@@ -333,7 +339,8 @@ class ShardedSampler:
                 "size or add data",
             )
         self.epoch, self.position = 0, 0
-        self._perm_epoch, self._perm = -1, []
+        self._perm_epoch = -1
+        self._perm: list[int] = []
 
     @property
     def micro_batches_per_epoch(self) -> int:

@@ -49,7 +49,7 @@ import os
 import resource
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 
@@ -195,7 +195,7 @@ class MetricsLogger:
         self.samples = 0  # sequences so far, all ranks
         self.restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         self.prometheus = None
-        self._file = None
+        self._file: TextIO | None = None
         self._start_interval()
         if is_writer:
             os.makedirs(cfg.output_dir, exist_ok=True)
@@ -274,7 +274,7 @@ class MetricsLogger:
         self._start_interval()
         if self.prometheus:
             self.prometheus.update({**record, "total_steps": self.total_steps}, real)
-        if self.is_writer:
+        if self._file is not None:
             self._file.write(json.dumps(record) + "\n")
             self._file.flush()
             print(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -56,7 +57,7 @@ def init_distributed(local_rank: int) -> torch.device:
     # GPU's capacity, where fragmentation turns into out-of-memory); set before the first allocation.
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     store = _attempt_store()
-    topology = (
+    topology: dict[str, Any] = (
         dict(store=store, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"])) if store else {}
     )
     if torch.cuda.is_available():
@@ -92,7 +93,9 @@ def build_mesh(cfg: ParallelismConfig, world_size: int, local_world_size: int, d
 
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
-    return model.model.layers
+    layers = model.get_submodule("model.layers")
+    assert isinstance(layers, torch.nn.ModuleList), type(layers)
+    return layers
 
 
 def apply_activation_checkpointing(model: torch.nn.Module, mode: str, every: int) -> None:
@@ -126,20 +129,24 @@ def apply_fsdp(model: torch.nn.Module, cfg: ParallelismConfig, mesh: DeviceMesh)
     # NO_SHARD has one rank per shard group, so there is nothing to reshard.
     reshard = cfg.sharding_strategy in ("FULL_SHARD", "HYBRID_SHARD")
     layers = decoder_layers(model)
-    for i, layer in enumerate(layers):
-        last = i == len(layers) - 1
+    sharded = [
         fully_shard(
-            layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard and (cfg.reshard_last_layer or not last)
+            layer,
+            mesh=mesh,
+            mp_policy=mp,
+            reshard_after_forward=reshard and (cfg.reshard_last_layer or i < len(layers) - 1),
         )
+        for i, layer in enumerate(layers)
+    ]
     # The root's parameters are needed first in backward: keep them gathered.
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
-    if cfg.prefetch and len(layers) > 1:
+    if cfg.prefetch and len(sharded) > 1:
         # Issue the next layer's all-gather when the current one starts, in both directions.
-        for i, layer in enumerate(layers):
-            if i + 1 < len(layers):
-                layer.set_modules_to_forward_prefetch([layers[i + 1]])
+        for i, layer in enumerate(sharded):
+            if i + 1 < len(sharded):
+                layer.set_modules_to_forward_prefetch([sharded[i + 1]])
             if i > 0:
-                layer.set_modules_to_backward_prefetch([layers[i - 1]])
+                layer.set_modules_to_backward_prefetch([sharded[i - 1]])
 
 
 def apply_fp8(model: torch.nn.Module, cfg: ParallelismConfig, device_type: str) -> None:

@@ -56,7 +56,7 @@ def format_eta(seconds: float) -> str:
     return f"{secs}s"
 
 
-def annotations(record: Mapping[str, Any], total_steps: int, *, done: bool = False) -> dict[str, str]:
+def pod_annotations(record: Mapping[str, Any], total_steps: int, *, done: bool = False) -> dict[str, str]:
     """The annotations for one metrics record (trainer.metrics.MetricsLogger.step_done)."""
     remaining = max(0, total_steps - record["step"])
     when = dt.datetime.fromtimestamp(record["time"], dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -134,7 +134,7 @@ class ProgressPublisher:
             return
         self._last_submit = now
         with self._cond:
-            self._pending = annotations(record, self.total_steps, done=done)
+            self._pending = pod_annotations(record, self.total_steps, done=done)
             self._cond.notify()
 
     def close(self, wait_s: float = 5.0) -> None:
