@@ -65,6 +65,8 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
+from trainer import rendezvous_env
+
 WAIT_ENV = "FSDP_RDZV_WAIT_S"
 GRACE_ENV = "FSDP_TERM_GRACE_S"
 LOG_EVERY_S = 60.0
@@ -249,6 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # As a container's first process, a signal without a handler is ignored: make SIGTERM end the wait
     # (torchrun installs its own handler once it starts the workers).
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    argv = rendezvous_env.fill(argv)  # a command without its endpoint: from either job API's env
     wait_for_rendezvous(argv)
     _extend_worker_grace(_seconds(GRACE_ENV, 30.0))
     handlers = _keep_rendezvous_handlers()
