@@ -44,6 +44,7 @@ from generators.validation.schemas import (
     prepare_core_schemas,
 )
 from generators.validation.semantics import Blame, check_jobs, check_objects
+from generators.validation.trainjob import as_trainjob, compose_trainjobs, object_problems, with_composed
 
 # Checks run on the documents of every unit (one kustomize build, or one plain manifest file); `blame`
 # names the input file that set a field of a document.
@@ -174,16 +175,19 @@ def validate(
     for u, blame in zip(units, blames, strict=True):
         for check in OBJECT_CHECKS:
             problems += check(u.docs, blame)
+    # TrainJobs as the pods they make with their runtime, held to the PyTorchJob rules (trainjob.py).
+    composed, p = compose_trainjobs([(u.label, u.docs, b) for u, b in zip(units, blames, strict=True)])
+    problems += p + object_problems(OBJECT_CHECKS, [c for cs in composed for c in cs])
+    jobs = [with_composed(u.docs, blame, cs) for u, blame, cs in zip(units, blames, composed, strict=True)]
     p, num_jobs = check_jobs(
-        [
-            (u.docs, blame)
-            for u, blame in zip(units, blames, strict=True)
-            if u.build is None or u.build.dir not in used_as_base
-        ]
+        [job for u, job in zip(units, jobs, strict=True) if u.build is None or u.build.dir not in used_as_base]
     )
-    problems += p
+    problems += as_trainjob(p, [c for cs in composed for c in cs])
     # Across the units of each cluster: runs against its device plugins and its provisioned nodes.
-    problems += check_device_plugins([(u.label, u.docs) for u in units], {f: repo.docs[f] for f in repo.yaml_files})
+    p = check_device_plugins(
+        [(u.label, docs) for u, (docs, _) in zip(units, jobs, strict=True)], {f: repo.docs[f] for f in repo.yaml_files}
+    )
+    problems += as_trainjob(p, [c for cs in composed for c in cs])
     # Per cluster: Kueue selects exactly the namespaces that hold its LocalQueues.
     problems += check_kueue_scope([(u.label, u.docs, b) for u, b in zip(units, blames, strict=True)])
 
