@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
+from support import crd_schemas
 
 from generators import cluster
 from generators import matrix as matrix_mod
@@ -18,12 +19,9 @@ from generators.core.gotools import tool
 from generators.matrix.schema import Cluster
 from generators.plan import plan
 from generators.render import provisioning
-from generators.validation.schemas import default_crd_dir
 
 REPO = Path(__file__).resolve().parent.parent
 MATRIX = REPO / "matrix.yaml"
-CRDS = default_crd_dir()
-EKSCTL_SCHEMAS = CRDS.parent / "eksctl"
 RESERVATION = "cr-0123456789abcdef0"
 
 
@@ -43,8 +41,9 @@ def kubeconform(location: str, *paths: Path) -> dict:
 
 
 def eksctl_report(*paths: Path) -> dict:
-    assert (EKSCTL_SCHEMAS / "clusterconfig_v1alpha5.json").is_file(), f"eksctl schema missing in {EKSCTL_SCHEMAS}"
-    return kubeconform(f"{EKSCTL_SCHEMAS}/{{{{.ResourceKind}}}}_{{{{.ResourceAPIVersion}}}}.json", *paths)
+    eksctl_schemas = crd_schemas().parent / "eksctl"
+    assert (eksctl_schemas / "clusterconfig_v1alpha5.json").is_file(), f"eksctl schema missing in {eksctl_schemas}"
+    return kubeconform(f"{eksctl_schemas}/{{{{.ResourceKind}}}}_{{{{.ResourceAPIVersion}}}}.json", *paths)
 
 
 def load(path: Path) -> dict:
@@ -75,6 +74,7 @@ def generated_karpenter(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.gotools
 def test_every_cluster_of_the_matrix_gets_a_config_that_passes_the_eksctl_schema(generated):
     clusters = matrix_mod.load(str(MATRIX)).clusters
     configs = sorted(generated.glob("*/eksctl.yaml"))
@@ -83,6 +83,7 @@ def test_every_cluster_of_the_matrix_gets_a_config_that_passes_the_eksctl_schema
     assert report["summary"] == {"valid": len(clusters), "invalid": 0, "errors": 0, "skipped": 0}, report
 
 
+@pytest.mark.gotools
 def test_an_unknown_field_fails_the_eksctl_schema_naming_it(generated, tmp_path):
     config = load(generated / "fsdp-p5" / "eksctl.yaml")
     config["managedNodeGroups"][1]["efaEnabeld"] = True
@@ -93,6 +94,7 @@ def test_an_unknown_field_fails_the_eksctl_schema_naming_it(generated, tmp_path)
     assert "efaEnabeld" in report["resources"][0]["msg"]
 
 
+@pytest.mark.gotools
 def test_a_wrong_type_fails_the_eksctl_schema(generated, tmp_path):
     config = load(generated / "fsdp-p5" / "eksctl.yaml")
     config["managedNodeGroups"][1]["maxSize"] = "sixteen"
@@ -101,10 +103,16 @@ def test_a_wrong_type_fails_the_eksctl_schema(generated, tmp_path):
     assert eksctl_report(bad)["summary"]["invalid"] == 1
 
 
-@pytest.mark.slow
+@pytest.mark.gotools
 def test_the_repository_validation_checks_the_committed_configs_against_the_eksctl_schema():
     result = subprocess.run(
-        [sys.executable, str(REPO / "generators" / "validate.py"), "--crd-schemas", str(CRDS), "overlays/provisioning"],
+        [
+            sys.executable,
+            str(REPO / "generators" / "validate.py"),
+            "--crd-schemas",
+            str(crd_schemas()),
+            "overlays/provisioning",
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -188,7 +196,7 @@ def test_two_reservations_for_a_node_group_fail_naming_the_line_and_the_way_out(
     assert terms == [{"id": RESERVATION}, {"id": "cr-0123456789abcdef1"}]
 
 
-@pytest.mark.slow
+@pytest.mark.gotools
 def test_karpenter_replaces_the_gpu_node_groups_and_its_objects_pass_their_crd_schemas(generated_karpenter):
     m = matrix_mod.load(str(MATRIX))
     for name, c in m.clusters.items():
@@ -207,7 +215,7 @@ def test_karpenter_replaces_the_gpu_node_groups_and_its_objects_pass_their_crd_s
         assert pool["disruption"]["consolidationPolicy"] == "WhenEmpty"
     karpenter_files = sorted(generated_karpenter.glob("*/karpenter/*.yaml"))
     report = kubeconform(
-        f"{CRDS}/{{{{.Group}}}}/{{{{.ResourceKind}}}}_{{{{.ResourceAPIVersion}}}}.json", *karpenter_files
+        f"{crd_schemas()}/{{{{.Group}}}}/{{{{.ResourceKind}}}}_{{{{.ResourceAPIVersion}}}}.json", *karpenter_files
     )
     assert report["summary"] == {"valid": len(karpenter_files), "invalid": 0, "errors": 0, "skipped": 0}, report
     assert eksctl_report(*generated_karpenter.glob("*/eksctl.yaml"))["summary"]["valid"] == len(m.clusters)

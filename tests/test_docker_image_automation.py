@@ -75,6 +75,7 @@ def job_image() -> str:
     return matches[0].group("image")
 
 
+@pytest.mark.gotools
 def test_the_image_automation_objects_pass_the_flux_image_schemas(objects):
     assert set(objects) == {"ImageRepository", "ImagePolicy", "ImageUpdateAutomation"}
     text = "---\n".join(yaml.safe_dump(d) for d in objects.values())
@@ -82,6 +83,7 @@ def test_the_image_automation_objects_pass_the_flux_image_schemas(objects):
     assert report["summary"] == {"valid": 3, "invalid": 0, "errors": 0, "skipped": 0}, report
 
 
+@pytest.mark.gotools
 def test_an_unknown_field_fails_the_flux_image_schemas(objects):
     policy = json.loads(json.dumps(objects["ImagePolicy"]))
     policy["spec"]["policy"]["semver"]["rnage"] = ">=0.1.0"
@@ -89,6 +91,7 @@ def test_an_unknown_field_fails_the_flux_image_schemas(objects):
     assert report["summary"]["invalid"] == 1 and "rnage" in report["resources"][0]["msg"], report
 
 
+@pytest.mark.gotools
 def test_the_objects_agree_with_the_marked_image_line_and_the_flux_source(objects):
     repo_, policy, automation = objects["ImageRepository"], objects["ImagePolicy"], objects["ImageUpdateAutomation"]
     namespace, name = POLICY_REF.split(":")
@@ -112,6 +115,7 @@ def test_the_objects_agree_with_the_marked_image_line_and_the_flux_source(object
     assert all(re.match(p, "sha-" + "0" * 40) for p in repo_["spec"]["exclusionList"][:1])
 
 
+@pytest.mark.gotools
 def test_every_trainer_image_in_git_is_marked_and_inside_the_automation_path(objects):
     """The data staging Job runs the trainer image too: an unmarked copy would stay on an old tag."""
     path = objects["ImageUpdateAutomation"]["spec"]["update"]["path"]
@@ -133,7 +137,7 @@ def test_the_workflow_pushes_to_the_repository_flux_scans():
     assert job_image().rpartition(":")[0].endswith(".amazonaws.com/" + ecr_repository)
 
 
-@pytest.mark.slow
+@pytest.mark.gotools
 def test_a_new_tag_round_trips_through_the_generator_without_a_diff(tmp_path):
     files = (
         subprocess.run(

@@ -82,7 +82,7 @@ def flags(command: list[str]) -> dict[str, str]:
     return dict(arg[2:].split("=", 1) for arg in command if arg.startswith("--") and "=" in arg)
 
 
-@pytest.mark.slow
+@pytest.mark.gotools
 def test_every_golden_overlay_builds_into_the_run_it_describes():
     for overlay in golden_runs():
         name, cluster = overlay.name, overlay.parent.name
@@ -134,7 +134,7 @@ def test_every_golden_overlay_builds_into_the_run_it_describes():
         assert env["FSDP_POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}  # turns progress on
 
 
-@pytest.mark.slow
+@pytest.mark.gotools
 def test_golden_overlays_carry_each_branch():
     by_model = {}
     for overlay in golden_runs():
@@ -176,7 +176,7 @@ def test_golden_overlays_carry_each_branch():
     assert cfg["parallelism"]["sharding_strategy"] == "SHARD_GRAD_OP"
 
 
-@pytest.mark.slow
+@pytest.mark.gotools
 def test_golden_pytorchjobs_pass_the_pytorchjob_schema():
     crds = Path(os.environ.get("FSDP_GITOPS_CRD_SCHEMAS", REPO_ROOT.parent / "shared" / "schemas" / "crds"))
     schema = crds / "kubeflow.org" / "pytorchjob_v1.json"
@@ -197,7 +197,7 @@ def test_golden_pytorchjobs_pass_the_pytorchjob_schema():
     assert "Valid: 4, Invalid: 0, Errors: 0, Skipped: 0" in out.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.gotools
 def test_a_reordered_base_fails_the_build_instead_of_patching_the_wrong_volume(tmp_path):
     # The run patch tests list positions in base/pytorchjob; a base with swapped volumes must not build.
     base = tmp_path / "base" / "pytorchjob"

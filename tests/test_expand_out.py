@@ -63,7 +63,7 @@ def test_every_resource_and_flux_path_resolves(out: Path):
         assert (REPO_ROOT / path / "kustomization.yaml").is_file(), path
 
 
-@pytest.mark.slow
+@pytest.mark.gotools
 def test_every_generated_kustomization_builds_with_kustomize(out: Path):
     for d in kustomizations(out):
         proc = subprocess.run(

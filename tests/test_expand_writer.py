@@ -138,6 +138,7 @@ def test_non_plain_data_is_refused(bad):
         writer.dump_yaml({"k": bad} if not isinstance(bad, dict) else bad)
 
 
+@pytest.mark.gotools
 def test_tricky_strings_survive_kustomize(tmp_path):
     # kustomize parses with Go's YAML (1.2 rules): the same file must give back the same strings.
     values = {f"k{i}": s for i, s in enumerate(TRICKY)}

@@ -24,7 +24,7 @@ from generators.validation import pipeline, schemas
 from trainer.catalog import INSTANCE_TYPES
 
 # Builds every base with kustomize and checks it with kubeconform.
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.gotools
 
 BASES = [
     "base/etcd",

@@ -88,7 +88,7 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, matrix.Matrix]
     return root, make_tree(root)
 
 
-@pytest.mark.slow
+@pytest.mark.gotools
 def test_rendered_clusters_validate_with_their_flux_graph(tree: tuple[Path, matrix.Matrix]) -> None:
     root, _ = tree
     report = pipeline.validate(root, crd_dir=schemas.default_crd_dir())
@@ -99,7 +99,7 @@ def test_rendered_clusters_validate_with_their_flux_graph(tree: tuple[Path, matr
     assert report.num_flux_kustomizations == 2 * 5 + 2 + 4 + 2
 
 
-@pytest.mark.slow
+@pytest.mark.gotools
 def test_the_flux_graph_check_can_fail_on_a_missing_secrets_folder(tmp_path: Path) -> None:
     make_tree(tmp_path)
     shutil.rmtree(tmp_path / "base" / "secrets" / "fsdp-p4de")
@@ -191,7 +191,7 @@ def test_source_is_the_matrix_repository(tree: tuple[Path, matrix.Matrix]) -> No
     assert ssh["spec"]["secretRef"] == {"name": "flux-system"}
 
 
-@pytest.mark.slow
+@pytest.mark.gotools
 def test_gpu_workloads_are_pinned_to_the_cluster_instance_types(tree: tuple[Path, matrix.Matrix]) -> None:
     root, m = tree
     for name, cluster in m.clusters.items():
@@ -223,7 +223,7 @@ def test_gpu_workloads_are_pinned_to_the_cluster_instance_types(tree: tuple[Path
         assert tools == {"htop": list(cluster.instance_types), "nvtop": list(cluster.instance_types)}
 
 
-@pytest.mark.slow
+@pytest.mark.gotools
 def test_the_patch_table_covers_every_gpu_workload_of_the_base() -> None:
     docs = built(REPO_ROOT / "base/infrastructure/controllers")
     carrying = set()
@@ -235,7 +235,7 @@ def test_the_patch_table_covers_every_gpu_workload_of_the_base() -> None:
     assert carrying == table
 
 
-@pytest.mark.slow
+@pytest.mark.gotools
 def test_a_base_that_breaks_the_contract_fails_the_cluster_build(tmp_path: Path) -> None:
     make_tree(tmp_path)
     ds = tmp_path / "base/node-tools/daemonset-nvtop.yaml"
@@ -252,7 +252,7 @@ def test_a_base_that_breaks_the_contract_fails_the_cluster_build(tmp_path: Path)
     assert "nvtop" in out.stderr or "test" in out.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.gotools
 def test_configs_hold_the_run_namespace_and_shared_volume(tree: tuple[Path, matrix.Matrix]) -> None:
     root, _ = tree
     docs = built(root / "overlays/infrastructure/fsdp-p5/configs")
@@ -270,7 +270,7 @@ def test_configs_hold_the_run_namespace_and_shared_volume(tree: tuple[Path, matr
         assert d["metadata"]["annotations"]["kustomize.toolkit.fluxcd.io/prune"] == "disabled"
 
 
-@pytest.mark.slow
+@pytest.mark.gotools
 def test_kueue_queues_are_sized_to_the_cluster_when_enabled(tree: tuple[Path, matrix.Matrix]) -> None:
     root, m = tree
     docs = built(root / "overlays/infrastructure/fsdp-p5/configs")
@@ -301,7 +301,7 @@ def test_kueue_queues_are_sized_to_the_cluster_when_enabled(tree: tuple[Path, ma
         ]
 
 
-@pytest.mark.slow
+@pytest.mark.gotools
 def test_no_training_pod_is_privileged(tree: tuple[Path, matrix.Matrix]) -> None:
     root, _ = tree
     jobs = 0

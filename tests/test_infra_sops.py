@@ -15,6 +15,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from generators.core.gotools import REPO_ROOT, tool
@@ -44,6 +45,7 @@ def repo_rule() -> dict:
     return rule
 
 
+@pytest.mark.gotools
 def test_round_trip_with_a_fresh_age_key(tmp_path: Path) -> None:
     key = tmp_path / "age.agekey"
     subprocess.run([tool("age-keygen"), "-o", str(key)], check=True, capture_output=True)

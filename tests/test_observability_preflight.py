@@ -67,7 +67,7 @@ def built(tmp_path_factory) -> dict[str, dict[str, dict]]:
     return result
 
 
-@pytest.mark.slow
+@pytest.mark.gotools
 def test_one_job_per_instance_type_with_the_catalog_resources(built):
     assert sorted(built) == ["p4d.24xlarge", "p5en.48xlarge"]
     for type_name, objs in built.items():
@@ -99,7 +99,7 @@ def test_one_job_per_instance_type_with_the_catalog_resources(built):
         assert "trainer:" in c["image"]
 
 
-@pytest.mark.slow
+@pytest.mark.gotools
 def test_command_is_the_preflight_program_with_the_catalog_minimum(built):
     for type_name, objs in built.items():
         instance = INSTANCE_TYPES[type_name]

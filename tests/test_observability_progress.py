@@ -217,7 +217,7 @@ def test_training_finishes_when_the_api_errors_and_hangs(tmp_path):
     assert sent == sorted(sent) and set(sent) <= set(range(1, STEPS + 1))
 
 
-@pytest.mark.slow
+@pytest.mark.cluster
 def test_annotations_appear_on_a_real_api_server_with_rbac_that_allows_only_that(tmp_path):
     """The run's generated RBAC on a real kube-apiserver (tools/cluster/harness.py): its token may
     patch the run's own pods and nothing else, and the trainer's annotations land on its pod."""

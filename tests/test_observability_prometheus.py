@@ -117,7 +117,7 @@ def stop(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
-@pytest.mark.slow
+@pytest.mark.cluster
 def test_prometheus_scrapes_the_run_sums_pods_and_alerts_on_a_paused_trainer(tmp_path):
     prom_port, rdzv_port = free_port(), free_port()
     metrics_ports = [free_port(), free_port()]

@@ -231,14 +231,14 @@ def test_every_alert_has_a_firing_and_a_silent_unit_test():
 # promtool: parse and unit tests.
 
 
-@pytest.mark.slow
+@pytest.mark.cluster
 def test_rules_pass_promtool_check(tmp_path):
     proc = promtool("check", "rules", str(write_rules(tmp_path, rule_groups())))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"SUCCESS: {len(list(rules()))} rules found" in proc.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.cluster
 def test_dashboard_expressions_parse(tmp_path):
     exprs = [plain_promql(e) for e in dashboard_expressions()]
     group = {"name": "dashboard", "rules": [{"record": f"dashboard:expr_{i}", "expr": e} for i, e in enumerate(exprs)]}
@@ -250,7 +250,7 @@ def test_dashboard_expressions_parse(tmp_path):
     assert proc.returncode != 0 and "dashboard:broken" in proc.stdout + proc.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.cluster
 def test_alerts_fire_and_stay_silent_in_promtool_unit_tests(tmp_path):
     shutil.copy(UNIT_TESTS, tmp_path / UNIT_TESTS.name)
     write_rules(tmp_path, rule_groups())
@@ -259,7 +259,7 @@ def test_alerts_fire_and_stay_silent_in_promtool_unit_tests(tmp_path):
     assert "SUCCESS" in proc.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.cluster
 def test_unit_tests_catch_a_wrong_threshold(tmp_path):
     groups = rule_groups()
     for group in groups:

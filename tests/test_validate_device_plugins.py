@@ -98,10 +98,12 @@ def edit_plugin(name: str, edit: Callable[[dict[str, Any]], None]) -> Callable[[
     return change
 
 
+@pytest.mark.gotools
 def test_clean_tree_passes(tmp_path):
     assert run(tmp_path) == []
 
 
+@pytest.mark.gotools
 def test_the_efa_plugin_as_eksctl_installs_it_leaves_efa_unadvertised(tmp_path):
     def eksctl_tolerations(pod: dict[str, Any]) -> None:
         pod["tolerations"] = [
@@ -115,6 +117,7 @@ def test_the_efa_plugin_as_eksctl_installs_it_leaves_efa_unadvertised(tmp_path):
     assert "node group gpu-p5-48xlarge" in found[0] and found[0].startswith("overlays/runs/c1/run-")
 
 
+@pytest.mark.gotools
 def test_a_plugin_pinned_to_other_instance_types_leaves_the_gpus_unadvertised(tmp_path):
     def other_types(pod: dict[str, Any]) -> None:
         expr = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][
@@ -126,6 +129,7 @@ def test_a_plugin_pinned_to_other_instance_types_leaves_the_gpus_unadvertised(tm
     assert len(found) == 2 and all("requests nvidia.com/gpu" in p for p in found), found
 
 
+@pytest.mark.gotools
 def test_without_a_plugin_nothing_advertises_the_resource(tmp_path):
     def drop_nvidia(files: dict[str, Any]) -> None:
         kust = yaml.safe_load(files["base/device-plugins/kustomization.yaml"])
@@ -136,6 +140,7 @@ def test_without_a_plugin_nothing_advertises_the_resource(tmp_path):
     assert len(found) == 2 and all("requests nvidia.com/gpu" in p and "none advertises it" in p for p in found)
 
 
+@pytest.mark.gotools
 def test_a_job_that_tolerates_no_gpu_node_selects_none(tmp_path):
     def no_toleration(files: dict[str, Any]) -> None:
         files["base/pytorchjob/pytorchjob.yaml"]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"].pop(
@@ -146,6 +151,7 @@ def test_a_job_that_tolerates_no_gpu_node_selects_none(tmp_path):
     assert len(found) == 2 and all("selects no node of cluster c1" in p for p in found), found
 
 
+@pytest.mark.gotools
 def test_karpenter_nodepools_are_the_nodes_when_they_are_the_provisioning(tmp_path):
     def karpenter(files: dict[str, Any]) -> None:
         del files["overlays/provisioning/c1/eksctl.yaml"]
@@ -187,6 +193,7 @@ def test_prefer_no_schedule_taints_do_not_keep_pods_away():
     assert selects({}, node)
 
 
+@pytest.mark.gotools
 def test_the_repository_clusters_advertise_every_resource_their_runs_request():
     """The committed overlays: each cluster's runs against its controllers and its eksctl node groups."""
 

@@ -19,15 +19,15 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner
+from support import crd_schemas
 
 from generators.core.gotools import REPO_ROOT
 from generators.validate import main as validate_main
 from generators.validation import pipeline, schemas
 
 # Every case runs the real validation (kustomize, kubeconform) over a tree.
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.gotools
 
-CRD_DIR = schemas.default_crd_dir()
 
 BASE_JOB = {
     "apiVersion": "kubeflow.org/v1",
@@ -193,7 +193,7 @@ def write_tree(root: Path, files: dict[str, Any]) -> None:
 
 
 def problems(root: Path) -> list[str]:
-    return [str(p) for p in pipeline.validate(root, crd_dir=CRD_DIR).problems]
+    return [str(p) for p in pipeline.validate(root, crd_dir=crd_schemas()).problems]
 
 
 def mutated(tmp_path: Path, change: Callable[[dict[str, Any]], None]) -> list[str]:
@@ -212,14 +212,14 @@ def only(found: list[str], *needles: str) -> str:
 
 def test_crd_schema_dir_is_there():
     # The mutation tests below are only meaningful with the real schemas: fail, never skip.
-    assert (CRD_DIR / "kubeflow.org" / "pytorchjob_v1.json").is_file(), (
-        f"CRD schemas not found at {CRD_DIR}; set {schemas.CRD_SCHEMAS_ENV}"
+    assert (crd_schemas() / "kubeflow.org" / "pytorchjob_v1.json").is_file(), (
+        f"CRD schemas not found at {crd_schemas()}; set {schemas.CRD_SCHEMAS_ENV}"
     )
 
 
 def test_clean_tree_passes(tmp_path):
     write_tree(tmp_path, fixture_files())
-    report = pipeline.validate(tmp_path, crd_dir=CRD_DIR)
+    report = pipeline.validate(tmp_path, crd_dir=crd_schemas())
     assert [str(p) for p in report.problems] == []
     assert report.num_builds == 4  # the base, the infrastructure overlay, two runs
     assert report.num_flux_kustomizations == 3
@@ -242,7 +242,7 @@ def test_what_flux_bootstrap_commits_is_the_bootstrap_itself(tmp_path):
     source["metadata"]["name"] = "flux-system"
     files["overlays/clusters/c1/flux-system/gotk-sync.yaml"] = [source, sync]
     write_tree(tmp_path, files)
-    report = pipeline.validate(tmp_path, crd_dir=CRD_DIR)
+    report = pipeline.validate(tmp_path, crd_dir=crd_schemas())
     assert [str(p) for p in report.problems] == []
     assert report.num_flux_kustomizations == 4
 
@@ -419,22 +419,24 @@ def test_cli_exit_codes(tmp_path):
     files = fixture_files()
     write_tree(tmp_path, files)
     runner = CliRunner()
-    ok = runner.invoke(validate_main, ["--crd-schemas", str(CRD_DIR), str(tmp_path)])
+    ok = runner.invoke(validate_main, ["--crd-schemas", str(crd_schemas()), str(tmp_path)])
     assert ok.exit_code == 0, ok.output
     assert ok.stdout.strip().endswith(": OK")
     (tmp_path / "overlays/clusters/c1/infrastructure.yaml").write_text(
         yaml.safe_dump(flux_kustomization("infra-configs", "./nowhere"))
     )
-    bad = runner.invoke(validate_main, ["--crd-schemas", str(CRD_DIR), str(tmp_path)])
+    bad = runner.invoke(validate_main, ["--crd-schemas", str(crd_schemas()), str(tmp_path)])
     assert bad.exit_code == 1
     assert (
         "overlays/clusters/c1/infrastructure.yaml:1: Kustomization/flux-system/infra-configs: spec.path ./nowhere"
     ) in bad.stderr
     usage = runner.invoke(validate_main, ["--crd-schemas", str(tmp_path / "missing"), str(tmp_path)])
     assert usage.exit_code == 2 and "not a directory" in usage.stderr
-    version = runner.invoke(validate_main, ["--crd-schemas", str(CRD_DIR), "--k8s-version", "1.2.0", str(tmp_path)])
+    version = runner.invoke(
+        validate_main, ["--crd-schemas", str(crd_schemas()), "--k8s-version", "1.2.0", str(tmp_path)]
+    )
     assert version.exit_code == 2 and "kubernetes-validate has no schemas for it" in version.stderr
-    outside = runner.invoke(validate_main, ["--crd-schemas", str(CRD_DIR), str(tmp_path / "nowhere")])
+    outside = runner.invoke(validate_main, ["--crd-schemas", str(crd_schemas()), str(tmp_path / "nowhere")])
     assert outside.exit_code == 2 and "no such file or directory" in outside.stderr
 
 
@@ -464,14 +466,14 @@ def test_non_cluster_documents_go_to_their_own_schema(tmp_path):
         "size": 3,
     }
     write_tree(tmp_path / "repo", files)
-    assert pipeline.validate(tmp_path / "repo", crd_dir=CRD_DIR, non_cluster=table).problems == []
+    assert pipeline.validate(tmp_path / "repo", crd_dir=crd_schemas(), non_cluster=table).problems == []
     # Without the table entry the same document is an unknown kind for the cluster.
-    found = [str(p) for p in pipeline.validate(tmp_path / "repo", crd_dir=CRD_DIR).problems]
+    found = [str(p) for p in pipeline.validate(tmp_path / "repo", crd_dir=crd_schemas()).problems]
     only(found, "provisioning/c1/thing.yaml:1: Thing/t:", "could not find schema for Thing")
     (tmp_path / "repo/provisioning/c1/thing.yaml").write_text(
         "apiVersion: example.io/v1\nkind: Thing\nmetadata: {name: t}\nsize: big\n"
     )
-    found = [str(p) for p in pipeline.validate(tmp_path / "repo", crd_dir=CRD_DIR, non_cluster=table).problems]
+    found = [str(p) for p in pipeline.validate(tmp_path / "repo", crd_dir=crd_schemas(), non_cluster=table).problems]
     only(found, "provisioning/c1/thing.yaml:1: Thing/t:", "/size", "want integer")
 
 
@@ -535,7 +537,7 @@ def test_script_runs_from_a_checkout(tmp_path):
             sys.executable,
             str(REPO_ROOT / "generators" / "validate.py"),
             "--crd-schemas",
-            str(CRD_DIR),
+            str(crd_schemas()),
             str(tmp_path / "overlays"),
         ],
         capture_output=True,

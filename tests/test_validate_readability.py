@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from test_validate_mutations import mutated, only
 
@@ -153,6 +154,7 @@ def build(path: str) -> list[Doc]:
     return [Doc(d, path) for d in yaml.safe_load_all(out) if d]
 
 
+@pytest.mark.gotools
 def test_the_training_and_staging_pods_of_the_repository_can_read_and_write_what_they_mount():
     for path in ("base/pytorchjob", "base/data-staging"):
         docs = build(path)
@@ -162,6 +164,7 @@ def test_the_training_and_staging_pods_of_the_repository_can_read_and_write_what
         assert "runAsUser: 10001" in text and "claimName: fsdp-shared" in text
 
 
+@pytest.mark.gotools
 def test_the_old_template_fails_the_pipeline_naming_the_base_and_the_volume(tmp_path: Path):
     """uid 10001 (the image's user), the token Secret at mode 0400, no fsGroup: what every run had."""
 

@@ -8,7 +8,7 @@ from generators.core.gotools import REPO_ROOT
 from generators.validation import pipeline, schemas
 
 # kustomize and kubeconform over the whole repository.
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.gotools
 
 
 def test_the_repository_validates():

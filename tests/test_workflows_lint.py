@@ -7,6 +7,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from generators.core.gotools import tool
@@ -41,11 +42,13 @@ def test_there_are_the_ci_and_image_workflows():
     assert {path.name for path in WORKFLOWS} >= {"ci.yaml", "image.yaml"}
 
 
+@pytest.mark.gotools
 def test_actionlint_passes_on_every_workflow():
     result = actionlint(*WORKFLOWS)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.gotools
 def test_actionlint_reports_a_broken_workflow(tmp_path):
     broken = tmp_path / ".github" / "workflows" / "ci.yaml"
     broken.parent.mkdir(parents=True)
@@ -54,6 +57,7 @@ def test_actionlint_reports_a_broken_workflow(tmp_path):
     assert result.returncode != 0 and "runs_on" in result.stdout, result.stdout
 
 
+@pytest.mark.gotools
 def test_actionlint_runs_shellcheck_on_run_scripts(tmp_path):
     broken = tmp_path / "wf.yaml"
     broken.write_text("on: push\njobs:\n  a:\n    runs-on: ubuntu-24.04\n    steps:\n      - run: echo $UNQUOTED_VAR\n")

@@ -11,7 +11,7 @@ import pytest
 from tools.cluster import dryrun
 from tools.cluster.harness import REPO_ROOT, Cluster
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.cluster
 
 
 def test_overlay_paths_cover_runs_infrastructure_and_cluster_entry_points() -> None:

@@ -24,7 +24,7 @@ import yaml
 from tools.cluster import dryrun, gitops
 from tools.cluster.harness import REPO_ROOT, Cluster
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.cluster
 
 CLUSTERS = sorted(yaml.safe_load((REPO_ROOT / "matrix.yaml").read_text())["clusters"])
 

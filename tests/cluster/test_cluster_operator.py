@@ -21,7 +21,7 @@ from tools.cluster import dryrun
 from tools.cluster.harness import REPO_ROOT, Cluster
 from trainer.catalog import INSTANCE_TYPES
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.cluster
 
 CLUSTER = "fsdp-p5"
 INSTANCE = "p5.48xlarge"

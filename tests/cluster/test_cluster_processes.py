@@ -13,7 +13,7 @@ import pytest
 from tools.cluster import processes
 from tools.cluster.harness import etcd_path
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.cluster
 
 
 def test_a_taken_port_is_a_clear_error_not_a_hang(tmp_path: Path) -> None:

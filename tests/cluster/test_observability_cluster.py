@@ -16,7 +16,7 @@ import pytest
 from tools.cluster import dryrun
 from tools.cluster.harness import REPO_ROOT, Cluster
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.cluster
 
 CLUSTER = "fsdp-p4de"
 INSTANCE = "p4de.24xlarge"
