@@ -21,10 +21,16 @@ of the output (eksctl's ClusterConfig schema, Karpenter's CRD schemas) is part o
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 import click
+
+# `python generators/cluster.py` runs the packages of the checkout it is in, never those of another checkout
+# installed in the same environment (`pip install -e`): this checkout's root goes first on the import path.
+if not __package__:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from generators.core import writer
 from generators.core.cli import errors_to_exit_codes, matrix_label, output_dir, sync

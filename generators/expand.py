@@ -19,11 +19,17 @@ described in generators/matrix/ and docs/matrix.md.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import click
+
+# `python generators/expand.py` runs the packages of the checkout it is in, never those of another checkout
+# installed in the same environment (`pip install -e`): this checkout's root goes first on the import path.
+if not __package__:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from generators.core import writer
 from generators.core.cli import Failure, errors_to_exit_codes, matrix_label, output_dir, sync

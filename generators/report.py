@@ -37,9 +37,15 @@ with the fix, exits 2 and writes nothing; failing to write exits 1.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
+
+# `python generators/report.py` runs the packages of the checkout it is in, never those of another checkout
+# installed in the same environment (`pip install -e`): this checkout's root goes first on the import path.
+if not __package__:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from generators.core.cli import errors_to_exit_codes, output_dir, sync
 from generators.core.errors import InputError

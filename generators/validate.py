@@ -37,9 +37,15 @@ before its bases), and a mistake in a base that shows in every build using it is
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import click
+
+# `python generators/validate.py` runs the packages of the checkout it is in, never those of another checkout
+# installed in the same environment (`pip install -e`): this checkout's root goes first on the import path.
+if not __package__:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from generators.core.cli import Failure, errors_to_exit_codes
 from generators.validation.pipeline import Report, repository_root, validate
