@@ -45,7 +45,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
         subprocess.run(["git", "clone", "-q", str(REPO_ROOT), str(clone)], check=True, capture_output=True)
     writer = b / "generators" / "core" / "writer.py"
     text = writer.read_text()
-    assert text.count("Do not edit by hand:") == 1
+    assert text.count("Do not edit by hand:") == 2  # the YAML banner and the Markdown one
     writer.write_text(text.replace("Do not edit by hand:", MARKER))
 
     env = tmp / "venv"
