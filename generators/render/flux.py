@@ -232,8 +232,9 @@ def git_repository(repository: GitSource, layout: Layout) -> dict[str, Any]:
         "url": repository.url,
         "ref": {"branch": repository.branch},
         # Everything Flux builds lives in base/ and overlays/; the trainer, docker/ and tests stay out
-        # of the artifact kustomize-controller downloads on every change.
-        "ignore": f"/*\n!/base/\n!/{top}/\n",
+        # of the artifact kustomize-controller downloads on every change, and so do the cluster
+        # definitions for eksctl and CloudFormation (provisioning/), which Flux never applies.
+        "ignore": f"/*\n!/base/\n!/{top}/\n/{top}/provisioning/\n",
     }
     if repository.url.startswith("ssh://"):
         # A private repository over SSH: reuse the deploy key `flux bootstrap` installed.
