@@ -114,6 +114,9 @@ def test_ci_runs_the_regenerate_validate_and_test_stages_with_the_pinned_tools()
     runs = "\n".join(step.get("run", "") for step in steps)
     for command in (
         "bash tools/setup.sh test",
+        "python -m ruff check",
+        "python -m ruff format --check .",
+        "python -m mypy",
         "python generators/expand.py matrix.yaml --check",
         "python generators/cluster.py matrix.yaml --check",
         'python generators/validate.py --crd-schemas "$FSDP_GITOPS_CRD_SCHEMAS"',

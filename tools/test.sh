@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The project's test command (the README's second quick-start command, and what CI runs):
-# installs everything, checks that overlays/ matches matrix.yaml, validates the whole repository
-# with real kustomize + kubeconform + schemas, then runs the pytest suite (the cluster harness
-# levels included: real kube-apiserver, Training Operator, kwok and Flux, built once and cached).
+# installs everything, runs ruff (lint, format check) and mypy, checks that overlays/ matches
+# matrix.yaml, validates the whole repository with real kustomize + kubeconform + schemas, then runs
+# the pytest suite, every tier (tests/README.md; the cluster harness levels included: real
+# kube-apiserver, Training Operator, kwok and Flux, built once and cached).
 #   CRD schemas: generated from the pinned CRD sources into .tools/schemas/ (tools/cluster/schemas.py);
 #   $FSDP_GITOPS_CRD_SCHEMAS overrides the folder.
 set -euo pipefail
@@ -10,6 +11,11 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 python="${PYTHON:-python}"
 bash tools/setup.sh test
+# Lint, format and types first (pinned in requirements/test.txt, configured in pyproject.toml): any
+# finding fails the command.
+"$python" -m ruff check .
+"$python" -m ruff format --check .
+"$python" -m mypy
 export FSDP_GITOPS_CRD_SCHEMAS="${FSDP_GITOPS_CRD_SCHEMAS:-$("$python" -m tools.cluster.schemas)}"
 "$python" generators/expand.py matrix.yaml --check
 "$python" generators/validate.py --crd-schemas "$FSDP_GITOPS_CRD_SCHEMAS"
