@@ -10,7 +10,8 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 python="${PYTHON:-python}"
 "$python" -m pip install --quiet --disable-pip-version-check -r "$root/requirements/generator.txt"
-# Editable: `python generators/expand.py` imports the checkout itself; dependencies come from the pins above.
+# Editable, for the console scripts and `import generators` from anywhere; dependencies come from the pins
+# above. `python generators/<command>.py` runs its own checkout whatever is installed here.
 "$python" -m pip install --quiet --disable-pip-version-check --no-deps -e "$root"
 if [ "${1:-}" = "test" ]; then
   "$python" -m pip install --quiet --disable-pip-version-check -r "$root/requirements/test.txt"
