@@ -182,16 +182,20 @@ def compose(job: Doc, job_blame: Blame, runtime: Runtime) -> Composed | None:
     runtime_at = ("spec", "template", "spec", "replicatedJobs", str(index), "template", "spec")
 
     def blame(doc: Doc, keys: tuple[str, ...]) -> str:
-        if keys[:1] == ("metadata",):
-            return job_blame(job, keys)
-        if keys[:2] == ("spec", "nprocPerNode"):
-            return job_blame(job, ("spec", "trainer", "numProcPerNode"))
-        if keys[: len(_REPLICA) + 1] == _REPLICA + ("replicas",):
+        if keys[: len(_REPLICA)] != _REPLICA:  # the job itself: metadata, processes per node
+            if keys[:1] == ("metadata",):
+                return job_blame(job, keys)
+            return job_blame(job, ("spec", "trainer") + (("numProcPerNode",) if "nprocPerNode" in keys else ()))
+        below = keys[len(_REPLICA) :]
+        if below[:1] == ("replicas",):
             return job_blame(job, ("spec", "trainer", "numNodes"))
-        below = keys[len(_REPLICA) :] if keys[: len(_REPLICA)] == _REPLICA else ()
         for n in range(len(below), 0, -1):
             if below[:n] in from_job:
                 return job_blame(job, from_job[below[:n]])
+        # A whole list (volumes, containers) some of whose items the TrainJob patched: the TrainJob's.
+        patched = [k for k in from_job if k[: len(below)] == below]
+        if below and patched:
+            return job_blame(job, from_job[patched[0]])
         return runtime.blame(runtime.doc, runtime_at + below if below else ())
 
     return Composed(Doc(composed, job.file, job.line), blame, runtime)
@@ -263,13 +267,14 @@ def compose_trainjobs(
 
 def as_trainjob(problems: Sequence[Problem], composed: Sequence[Composed]) -> list[Problem]:
     """Problems found on compositions name the TrainJob, not the PyTorchJob shape they were checked in."""
-    names = {obj_name(c.doc.data) for c in composed}
-    return [
-        replace(p, obj="TrainJob/" + p.obj.split("/", 1)[1])
-        if p.obj in names and p.obj.startswith("PyTorchJob/")
-        else p
-        for p in problems
-    ]
+    names = {obj_name(c.doc.data): "TrainJob/" + obj_name(c.doc.data).split("/", 1)[1] for c in composed}
+    out = []
+    for p in problems:
+        message = p.message
+        for shape, name in names.items():
+            message = message.replace(shape + " ", name + " ")
+        out.append(replace(p, obj=names.get(p.obj, p.obj), message=message))
+    return out
 
 
 def object_problems(
@@ -283,10 +288,13 @@ def object_problems(
     for c in composed:
         for check in checks:
             known = {(p.file, p.message) for p in check([c.runtime.doc], c.runtime.blame)}
+            runtime_file = c.runtime.blame(c.runtime.doc, ())
             for p in check([c.doc], c.blame):
                 if (p.file, p.message) in known:
                     continue
-                out.append(replace(p, file=c.doc.file, line=c.doc.line) if p.file == c.runtime.doc.file else p)
+                if p.file in (runtime_file, c.runtime.doc.file):
+                    p = replace(p, file=c.blame(c.doc, ("metadata",)), line=0)
+                out.append(p)
     return as_trainjob(out, composed)
 
 
