@@ -514,6 +514,13 @@ def estimate_matrix(
         if row is not None:
             price = "no On-Demand price" if row.usd_per_hour is None else f"${row.usd_per_hour:,.2f} per hour"
             notes.setdefault(f"{instance_type} in {region}: {price}, read {row.read} ({row.source}).", None)
+    apis = {c.name: c.job_api for c in matrix.clusters.values() if any(r.cluster == c.name for r in out)}
+    if any(api != "pytorchjob" for api in apis.values()):
+        # Only where a cluster leaves the default: the seed plan stays as it is.
+        named = ", ".join(
+            f"{c} {'TrainJob (Kubeflow Trainer v2)' if a == 'trainjob' else 'PyTorchJob'}" for c, a in apis.items()
+        )
+        notes.setdefault(f"Job API per cluster: {named}; the figures do not depend on it (docs/job-api.md).", None)
     return MatrixEstimate(matrix_file=matrix.file, runs=tuple(out), notes=tuple(notes))
 
 
