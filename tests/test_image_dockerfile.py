@@ -163,19 +163,15 @@ def test_valid_pyc_headers_get_the_layer_mtime(tmp_path: Path) -> None:
 
 
 def test_archive_structure(tmp_path: Path) -> None:
-    layers = []
-    for i, entries in enumerate(
-        ([Entry("etc/passwd", "file", 0o644, data=b"root:x:0:0::/:/bin/sh\n")], [Entry("opt/a", "file", data=b"a")])
-    ):
-        path = tmp_path / f"layer{i}.tar"
-        with open(path, "wb") as out:
-            digest, size = image.write_layer(entries, out)
-        layers.append(Layer(path, digest, size))
+    layers = [
+        lambda: [Entry("etc/passwd", "file", 0o644, data=b"root:x:0:0::/:/bin/sh\n")],
+        lambda: [Entry("opt/a", "file", data=b"a" * 5000)],
+    ]
     config = image._image_config("10001:10001", {"PATH": "/bin"}, "/opt", None, ["sh"])
     archive = tmp_path / "image.tar"
     name = "localhost/fsdp-gitops/demo:test-0123"
     with open(archive, "wb") as out:
-        digest = image.write_archive(out, name, layers, config)
+        digest, placed = image.write_archive(out, name, layers, config)
     with tarfile.open(archive) as tar:
         names = tar.getnames()
         blobs = {
@@ -195,15 +191,33 @@ def test_archive_structure(tmp_path: Path) -> None:
     }
     manifest = json.loads(blobs[digest[7:]])
     assert entry["size"] == len(blobs[digest[7:]])
-    assert [la["digest"] for la in manifest["layers"]] == [la.digest for la in layers]
-    assert [la["size"] for la in manifest["layers"]] == [len(blobs[la.digest[7:]]) for la in layers]
+    assert [la["digest"] for la in manifest["layers"]] == [la.digest for la in placed]
+    assert [la["size"] for la in manifest["layers"]] == [len(blobs[la.digest[7:]]) for la in placed]
+    with open(archive, "rb") as f:  # each layer's recorded place in the archive holds its bytes
+        for la in placed:
+            f.seek(la.offset)
+            assert f.read(la.size) == blobs[la.digest[7:]]
     assert all(la["mediaType"] == "application/vnd.oci.image.layer.v1.tar" for la in manifest["layers"])
     cfg = json.loads(blobs[manifest["config"]["digest"][7:]])
     assert manifest["config"]["size"] == len(blobs[manifest["config"]["digest"][7:]])
-    assert cfg["rootfs"] == {"type": "layers", "diff_ids": [la.digest for la in layers]}  # uncompressed
+    assert cfg["rootfs"] == {"type": "layers", "diff_ids": [la.digest for la in placed]}  # uncompressed
     assert cfg["config"]["User"] == "10001:10001" and cfg["os"] == "linux" and cfg["architecture"] == "amd64"
-    again = tmp_path / "again.tar"
-    with open(again, "wb") as out:
-        assert image.write_archive(out, name, layers, config) == digest
-    assert again.read_bytes() == archive.read_bytes()
+    again = tmp_path / "again.tar"  # built anew, and with the layers copied from the first archive
+    copied = [Layer(archive, la.digest, la.size, la.offset) for la in placed]
+    for sources in (layers, copied):
+        with open(again, "wb") as out:
+            assert image.write_archive(out, name, sources, config)[0] == digest
+        assert again.read_bytes() == archive.read_bytes()
     assert image.read_archive(archive)["manifest"] == manifest
+
+
+def test_big_files_copied_in_kernel_give_the_same_layer(tmp_path: Path) -> None:
+    big = tmp_path / "big.so"
+    big.write_bytes(bytes(range(256)) * 12289)  # over _HashingWriter.BIG, not a multiple of 512
+    entries = [Entry("a/big.so", "file", 0o755, source=big), Entry("a/small", "file", data=b"s")]
+    memory = io.BytesIO()
+    expected = image.write_layer(entries, memory)
+    with open(tmp_path / "layer.tar", "wb") as out:
+        out.write(b"p" * 512)  # not at the file's start, as inside an archive
+        assert image.write_layer(entries, out) == expected
+    assert (tmp_path / "layer.tar").read_bytes()[512:] == memory.getvalue()

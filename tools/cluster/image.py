@@ -50,6 +50,7 @@ import importlib
 import importlib.metadata as metadata
 import io
 import json
+import mmap
 import os
 import re
 import shlex
@@ -362,13 +363,42 @@ class Entry:
 
 
 class _HashingWriter:
+    """Writes to `out` and hashes what it wrote. Big files go in-kernel (copy_file_range) when `out`
+    is a real file, and are hashed from a read-only mapping: no copy of their bytes passes through Python."""
+
+    BIG = 1 << 20
+
     def __init__(self, out: BinaryIO) -> None:
         self.out, self.sha, self.size = out, hashlib.sha256(), 0
+        try:
+            self.fd: int | None = out.fileno()
+        except (AttributeError, OSError, io.UnsupportedOperation):
+            self.fd = None
 
     def write(self, data: bytes | memoryview) -> None:
         self.sha.update(data)
         self.out.write(data)
         self.size += len(data)
+
+    def copy_file(self, path: Path, size: int) -> None:
+        with open(path, "rb") as src:
+            if self.fd is None or size < self.BIG:
+                data = src.read(size)
+                if len(data) != size:
+                    raise ImageError(f"{path} changed size while it was packed")
+                self.write(data)
+                return
+            with mmap.mmap(src.fileno(), size, access=mmap.ACCESS_READ) as mapped:
+                self.sha.update(mapped)
+            self.out.flush()
+            done = 0
+            while done < size:
+                n = os.copy_file_range(src.fileno(), self.fd, size - done)
+                if n == 0:
+                    raise ImageError(f"{path} changed size while it was packed")
+                done += n
+            self.out.seek(0, os.SEEK_END)  # the buffered writer's position, after the in-kernel copy
+            self.size += size
 
 
 def _pyc_header_fix(pyc: bytes, source: Path) -> bytes:
@@ -404,8 +434,6 @@ def write_layer(entries: Iterable[Entry], out: BinaryIO) -> tuple[str, int]:
             continue
         by_path[path] = e
     writer = _HashingWriter(out)
-    buf = bytearray(1 << 20)
-    view = memoryview(buf)
     for path in sorted(by_path, key=lambda p: p.split("/")):
         e = by_path[path]
         info = tarfile.TarInfo(path + ("/" if e.kind == "dir" else ""))
@@ -428,18 +456,11 @@ def write_layer(entries: Iterable[Entry], out: BinaryIO) -> tuple[str, int]:
             continue
         if data is not None:
             writer.write(data)
-            written = len(data)
         else:
             assert e.source is not None
-            written = 0
-            with open(e.source, "rb") as f:
-                while n := f.readinto(buf):
-                    writer.write(view[:n])
-                    written += n
-            if written != info.size:
-                raise ImageError(f"{e.source} changed size while it was packed")
-        if written % 512:
-            writer.write(b"\0" * (512 - written % 512))
+            writer.copy_file(e.source, info.size)
+        if info.size % 512:
+            writer.write(b"\0" * (512 - info.size % 512))
     writer.write(b"\0" * 1024)
     return "sha256:" + writer.sha.hexdigest(), writer.size
 
@@ -836,39 +857,22 @@ class LayerSpec:
 
 @dataclass(frozen=True)
 class Layer:
+    """A layer's bytes already written: `size` bytes at `offset` in the file `path` (an archive)."""
+
     path: Path
     digest: str
     size: int
+    offset: int = 0
 
 
-def _layer(spec: LayerSpec) -> Layer:
-    """The cached layer tar for `spec`, built first if missing (caller holds the lock)."""
-    path = _images_dir() / "layers" / f"{spec.name}-{spec.key[:24]}.tar"
-    meta = path.with_suffix(".json")
-    if not (path.is_file() and meta.is_file()):
-        started = time.monotonic()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            with open(tmp, "wb") as out:
-                digest, size = write_layer(spec.make(), out)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
-        _atomic_write(meta, json.dumps({"digest": digest, "size": size}).encode())
-        print(
-            f"image layer {spec.name}: {size / 1e6:.1f} MB in {time.monotonic() - started:.1f} s",
-            file=sys.stderr,
-            flush=True,
-        )
-    info = json.loads(meta.read_text())
-    return Layer(path, info["digest"], info["size"])
-
-
-def _tar_member(out: BinaryIO, name: str, size: int) -> None:
-    info = tarfile.TarInfo(name)
+def _blob_header(digest: str, size: int) -> bytes:
+    # GNU format: one 512-byte block whatever the size (base-256 beyond 8 GiB), so a placeholder
+    # header can be overwritten in place once the layer's digest and size are known.
+    info = tarfile.TarInfo(f"blobs/sha256/{digest.split(':', 1)[1]}")
     info.size, info.mtime, info.mode, info.uname, info.gname = size, EPOCH, 0o644, "", ""
-    out.write(info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape"))
+    header = info.tobuf(tarfile.GNU_FORMAT, "utf-8", "surrogateescape")
+    assert len(header) == 512
+    return header
 
 
 def _pad(out: BinaryIO, size: int) -> None:
@@ -876,24 +880,47 @@ def _pad(out: BinaryIO, size: int) -> None:
         out.write(b"\0" * (512 - size % 512))
 
 
-def _copy_into(out: BinaryIO, source: Path, size: int) -> None:
+def _copy_range(out: BinaryIO, layer: Layer) -> None:
     out.flush()
-    with open(source, "rb") as src:
-        offset = 0
-        while offset < size:
-            try:
-                n = os.copy_file_range(src.fileno(), out.fileno(), size - offset)
-            except OSError:
-                n = os.sendfile(out.fileno(), src.fileno(), offset, size - offset)
-                src.seek(offset + n)
+    with open(layer.path, "rb") as src:
+        done = 0
+        while done < layer.size:
+            n = os.copy_file_range(src.fileno(), out.fileno(), layer.size - done, layer.offset + done)
             if n == 0:
-                raise ImageError(f"{source} is shorter than its recorded size")
-            offset += n
+                raise ImageError(f"{layer.path} is shorter than its recorded layers")
+            done += n
+    out.seek(0, os.SEEK_END)  # the buffered writer's position, after the in-kernel copy
 
 
-def write_archive(out: BinaryIO, name: str, layers: list[Layer], config: dict[str, Any]) -> str:
-    """The OCI image layout (oci-layout, index.json, blobs/sha256/...) as one tar; the manifest digest."""
-    config = {**config, "rootfs": {"type": "layers", "diff_ids": [layer.digest for layer in layers]}}
+def write_archive(
+    out: BinaryIO, name: str, layers: list[Layer | Callable[[], list[Entry]]], config: dict[str, Any]
+) -> tuple[str, list[Layer]]:
+    """The OCI image layout (blobs/sha256/..., index.json, oci-layout) as one tar, in one pass: a layer
+    given as a `Layer` is copied in-kernel from where it was written before, one given as a function
+    returning entries is written straight into the archive (its header patched once its digest is
+    known). Returns the manifest digest and each layer's place in `out` (path left empty)."""
+    for dirname in ("blobs/", "blobs/sha256/"):
+        info = tarfile.TarInfo(dirname)
+        info.type, info.mode, info.mtime, info.uname, info.gname = tarfile.DIRTYPE, 0o755, EPOCH, "", ""
+        out.write(info.tobuf(tarfile.GNU_FORMAT, "utf-8", "surrogateescape"))
+    placed: list[Layer] = []
+    for layer in layers:
+        header_at = out.tell()
+        if isinstance(layer, Layer):
+            out.write(_blob_header(layer.digest, layer.size))
+            _copy_range(out, layer)
+            digest, size = layer.digest, layer.size
+        else:
+            out.write(_blob_header("sha256:" + "0" * 64, 0))
+            digest, size = write_layer(layer(), out)
+            out.seek(header_at)
+            out.write(_blob_header(digest, size))
+            out.seek(0, os.SEEK_END)
+        _pad(out, size)
+        if any(p.digest == digest for p in placed):
+            raise ImageError(f"two layers of {name} have the same content ({digest})")
+        placed.append(Layer(Path(), digest, size, header_at + 512))
+    config = {**config, "rootfs": {"type": "layers", "diff_ids": [layer.digest for layer in placed]}}
     config_blob = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
     manifest = {
         "schemaVersion": 2,
@@ -905,7 +932,7 @@ def write_archive(out: BinaryIO, name: str, layers: list[Layer], config: dict[st
         },
         "layers": [
             {"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer.digest, "size": layer.size}
-            for layer in layers
+            for layer in placed
         ],
     }
     manifest_blob = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
@@ -927,30 +954,19 @@ def write_archive(out: BinaryIO, name: str, layers: list[Layer], config: dict[st
         ],
     }
     small = {
-        "oci-layout": json.dumps({"imageLayoutVersion": "1.0.0"}).encode(),
-        "index.json": json.dumps(index, sort_keys=True, indent=1).encode(),
+        f"blobs/sha256/{_sha(config_blob)}": config_blob,
         f"blobs/sha256/{digest[7:]}": manifest_blob,
-        f"blobs/sha256/{manifest['config']['digest'][7:]}": config_blob,  # type: ignore[index]
+        "index.json": json.dumps(index, sort_keys=True, indent=1).encode(),
+        "oci-layout": json.dumps({"imageLayoutVersion": "1.0.0"}).encode(),
     }
-    for dirname in ("blobs/", "blobs/sha256/"):
-        info = tarfile.TarInfo(dirname)
-        info.type, info.mode, info.mtime, info.uname, info.gname = tarfile.DIRTYPE, 0o755, EPOCH, "", ""
-        out.write(info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape"))
     for member, data in small.items():
-        _tar_member(out, member, len(data))
+        info = tarfile.TarInfo(member)
+        info.size, info.mtime, info.mode, info.uname, info.gname = len(data), EPOCH, 0o644, "", ""
+        out.write(info.tobuf(tarfile.GNU_FORMAT, "utf-8", "surrogateescape"))
         out.write(data)
         _pad(out, len(data))
-    done: set[str] = set()
-    for layer in layers:
-        if layer.digest in done:
-            continue
-        done.add(layer.digest)
-        _tar_member(out, f"blobs/sha256/{layer.digest[7:]}", layer.size)
-        _copy_into(out, layer.path, layer.size)
-        out.seek(0, os.SEEK_END)
-        _pad(out, layer.size)
     out.write(b"\0" * 1024)
-    return digest
+    return digest, placed
 
 
 def _image_config(
@@ -968,24 +984,32 @@ def _image_config(
     return {"architecture": "amd64", "os": "linux", "created": "1970-01-01T00:00:00Z", "config": config}
 
 
-KEEP = 2  # archives kept per image kind (the newest); older ones and the layers only they used are removed
+KEEP = 2  # archives kept per image kind (the newest); older ones, and the layer records pointing into them, go
 
 
 def _prune(kind: str) -> None:
-    """Remove all but the KEEP newest archives of `kind`, then every layer no kept archive uses (under
-    the lock: no build is running). A trainer archive is gigabytes, and every change to trainer/ makes one."""
+    """Remove all but the KEEP newest archives of `kind` and the layer records that point into removed
+    archives (under the lock: no build is running). A trainer archive is gigabytes, and every change to
+    trainer/ makes one."""
     images = _images_dir()
     kept = sorted(images.glob(f"{kind}-*/image.json"), key=lambda p: p.stat().st_mtime, reverse=True)
     for meta in kept[KEEP:]:
         shutil.rmtree(meta.parent, ignore_errors=True)
-    used: set[str] = set()
-    for meta in images.glob("*-*/image.json"):
-        with contextlib.suppress(OSError, ValueError):
-            used.update(json.loads(meta.read_text()).get("layers", []))
-    for layer in (images / "layers").glob("*.tar"):
-        if layer.name not in used:
-            layer.unlink(missing_ok=True)
-            layer.with_suffix(".json").unlink(missing_ok=True)
+    for record in (images / "layers").glob("*.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            if not Path(json.loads(record.read_text())["path"]).is_file():
+                record.unlink()
+
+
+def _cached_layer(spec: LayerSpec) -> Layer | None:
+    """Where the layer of `spec` was written before (inside an archive), if that archive is still there."""
+    record = _images_dir() / "layers" / f"{spec.name}-{spec.key[:24]}.json"
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        info = json.loads(record.read_text())
+        layer = Layer(Path(info["path"]), info["digest"], info["size"], info["offset"])
+        if layer.path.is_file() and layer.path.stat().st_size >= layer.offset + layer.size:
+            return layer
+    return None
 
 
 def _image(kind: str, specs: list[LayerSpec], config: dict[str, Any]) -> Image:
@@ -995,28 +1019,37 @@ def _image(kind: str, specs: list[LayerSpec], config: dict[str, Any]) -> Image:
     if not meta.is_file():
         with _lock():
             if not meta.is_file():
-                started = time.monotonic()
-                layers = [_layer(s) for s in specs]
-                name = f"{REGISTRY}/{kind}:test-{key[:12]}"
-                folder.mkdir(parents=True, exist_ok=True)
-                tmp = folder / f".image.tar.{os.getpid()}.tmp"
-                try:
-                    with open(tmp, "wb") as out:
-                        digest = write_archive(out, name, layers, config)
-                    os.replace(tmp, folder / "image.tar")
-                finally:
-                    tmp.unlink(missing_ok=True)
-                layer_files = [layer.path.name for layer in layers]
-                _atomic_write(meta, json.dumps({"name": name, "digest": digest, "layers": layer_files}).encode())
-                _prune(kind)
-                size = (folder / "image.tar").stat().st_size
-                print(
-                    f"image {name}: {size / 1e6:.1f} MB in {time.monotonic() - started:.1f} s",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                _build(kind, key, specs, config, folder)
     info = json.loads(meta.read_text())
     return Image(folder / "image.tar", info["name"], info["digest"])
+
+
+def _build(kind: str, key: str, specs: list[LayerSpec], config: dict[str, Any], folder: Path) -> None:
+    started = time.monotonic()
+    name = f"{REGISTRY}/{kind}:test-{key[:12]}"
+    folder.mkdir(parents=True, exist_ok=True)
+    archive = folder / "image.tar"
+    tmp = folder / f".image.tar.{os.getpid()}.tmp"
+    sources: list[Layer | Callable[[], list[Entry]]] = []
+    for spec in specs:
+        cached = _cached_layer(spec)
+        sources.append(cached if cached is not None else spec.make)
+    try:
+        with open(tmp, "wb") as out:
+            digest, placed = write_archive(out, name, sources, config)
+        os.replace(tmp, archive)
+    finally:
+        tmp.unlink(missing_ok=True)
+    for spec, source, layer in zip(specs, sources, placed, strict=True):
+        # Every layer record points into the newest archive, which is the last to be pruned.
+        record = {"path": str(archive), "digest": layer.digest, "size": layer.size, "offset": layer.offset}
+        _atomic_write(_images_dir() / "layers" / f"{spec.name}-{spec.key[:24]}.json", json.dumps(record).encode())
+        how = "copied" if isinstance(source, Layer) else "built"
+        print(f"image layer {spec.name}: {layer.size / 1e6:.1f} MB, {how}", file=sys.stderr, flush=True)
+    _atomic_write(folder / "image.json", json.dumps({"name": name, "digest": digest}).encode())
+    _prune(kind)
+    size = archive.stat().st_size
+    print(f"image {name}: {size / 1e6:.1f} MB in {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------------------------------
