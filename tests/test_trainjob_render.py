@@ -9,6 +9,7 @@ pins of the chart and of the harness's Go module are one version.
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -202,3 +203,32 @@ def test_the_seed_matrix_stays_on_pytorchjob() -> None:
     assert {c.job_api for c in seed.clusters.values()} == {"pytorchjob"}
     assert "job_api" not in (REPO_ROOT / "matrix.yaml").read_text()
     assert not list((REPO_ROOT / "overlays").rglob("trainjob.yaml"))
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
+
+
+def test_plan_and_plan_base_treat_both_apis_the_same(tmp_path: Path) -> None:
+    example = (REPO_ROOT / "examples" / "matrix-two-apis.yaml").read_text()
+    plan = CliRunner().invoke(expand_main, [str(REPO_ROOT / "examples" / "matrix-two-apis.yaml"), "--plan"])
+    assert plan.exit_code == 0, plan.output
+    rows = [line for line in plan.stdout.splitlines() if line.startswith("| llama2-7b-")]
+    assert len(rows) == 4 and sum("-p5-" in r for r in rows) == 2
+    assert "Job API per cluster: fsdp-p4de PyTorchJob, fsdp-p5 TrainJob (Kubeflow Trainer v2)" in plan.stdout
+    # Moving a cluster from one API to the other changes no run, no figure and no cost.
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "config", "user.email", "t@example.com")
+    git(repo, "config", "user.name", "t")
+    matrix = repo / "matrix.yaml"
+    matrix.write_text(example.replace("    job_api: trainjob\n", "    job_api: pytorchjob\n"))
+    git(repo, "add", "matrix.yaml")
+    git(repo, "commit", "-q", "-m", "before")
+    matrix.write_text(example)
+    git(repo, "commit", "-q", "-am", "after")
+    diff = CliRunner().invoke(expand_main, [str(matrix), "--plan", "--base", "HEAD~1"])
+    assert diff.exit_code == 0, diff.output
+    assert "Added: 0, removed: 0, changed: 0" in diff.stdout, diff.stdout[:3000]
+    assert "| difference  |   +0 |      +0.0 |     +0.00 |" in diff.stdout
