@@ -169,6 +169,7 @@ def test_the_gpu_taint_is_tolerated_by_the_pytorchjob_template(generated):
                 ), f"{path}: {taint} is not tolerated by base/pytorchjob"
 
 
+@pytest.mark.gotools
 def test_a_capacity_reservation_targets_the_node_group(tmp_path):
     m = matrix_copy(tmp_path, "capacity_reservation_ids: []", f"capacity_reservation_ids: [{RESERVATION}]", 2)
     out = tmp_path / "out"

@@ -102,6 +102,11 @@ def pinned_version(src: Source) -> tuple[str, str]:
 def module_dir(src: Source) -> Path:
     """The extracted module zip in the Go module cache, downloaded if needed and checked against go.sum."""
     version, want = pinned_version(src)
+    if shutil.which("go") is None:
+        raise SchemaError(
+            "go not found on PATH (the schemas are converted from pinned Go modules); fix: install the Go of "
+            "tools/go.mod, or set FSDP_GITOPS_CRD_SCHEMAS to a schema folder"
+        )
     with tempfile.TemporaryDirectory() as tmp:  # outside any module: go.mod of the repo is not touched
         proc = subprocess.run(
             ["go", "mod", "download", "-json", f"{src.module}@{version}"],
