@@ -7,8 +7,6 @@ from pathlib import Path
 from generators import matrix as matrix_mod
 from generators.plan import plan, plan_runs
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
 # Two clusters: one with a single instance type, one with two (so instance_type must be named).
 HEADER = """\
 apiVersion: fsdp-gitops/v1

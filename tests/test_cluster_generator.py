@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
-from support import crd_schemas
+from support import REPO_ROOT, crd_schemas
 
 from generators import cluster
 from generators import matrix as matrix_mod
@@ -20,8 +20,7 @@ from generators.matrix.schema import Cluster
 from generators.plan import plan
 from generators.render import provisioning
 
-REPO = Path(__file__).resolve().parent.parent
-MATRIX = REPO / "matrix.yaml"
+MATRIX = REPO_ROOT / "matrix.yaml"
 RESERVATION = "cr-0123456789abcdef0"
 
 
@@ -108,18 +107,18 @@ def test_the_repository_validation_checks_the_committed_configs_against_the_eksc
     result = subprocess.run(
         [
             sys.executable,
-            str(REPO / "generators" / "validate.py"),
+            str(REPO_ROOT / "generators" / "validate.py"),
             "--crd-schemas",
             str(crd_schemas()),
             "overlays/provisioning",
         ],
-        cwd=REPO,
+        cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         check=False,
     )
     output = result.stdout + result.stderr
-    configs = len(list((REPO / "overlays" / "provisioning").glob("*/eksctl.yaml")))
+    configs = len(list((REPO_ROOT / "overlays" / "provisioning").glob("*/eksctl.yaml")))
     assert result.returncode == 0 and configs >= 1, output
     assert f"{configs} resources" in output and "OK" in output, output
 
@@ -156,7 +155,7 @@ def test_gpu_node_groups_carry_efa_private_networking_zone_volume_and_the_larges
 
 
 def test_the_gpu_taint_is_tolerated_by_the_pytorchjob_template(generated):
-    job = load(REPO / "base" / "pytorchjob" / "pytorchjob.yaml")
+    job = load(REPO_ROOT / "base" / "pytorchjob" / "pytorchjob.yaml")
     tolerations = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["tolerations"]
     for path in generated.glob("*/eksctl.yaml"):
         for g in load(path)["managedNodeGroups"]:

@@ -4,17 +4,16 @@ shared volume's results to S3. Pure renderer output on the seed matrix and a sma
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 from matrix_support import cluster_plans
+from support import REPO_ROOT
 
 from generators.core.yamlio import load_documents
 from generators.render import provisioning
 from trainer.catalog import INSTANCE_TYPES
 
-REPO = Path(__file__).resolve().parents[1]
 MATRIX = """\
 apiVersion: fsdp-gitops/v1
 kind: ExperimentMatrix
@@ -107,7 +106,7 @@ def test_results_export_exports_checkpoints_runs_and_exports_on_every_change(fil
 
 
 def test_the_committed_provisioning_files_carry_the_label_repair_and_templates():
-    for eksctl in sorted((REPO / "overlays" / "provisioning").glob("*/eksctl.yaml")):
+    for eksctl in sorted((REPO_ROOT / "overlays" / "provisioning").glob("*/eksctl.yaml")):
         (doc,) = load_documents(eksctl.read_text(), str(eksctl))
         for g in doc.data["managedNodeGroups"]:
             if g["name"].startswith("gpu-"):

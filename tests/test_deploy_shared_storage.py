@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 from matrix_support import cluster_plans
+from support import REPO_ROOT
 
-from generators.core.gotools import REPO_ROOT
 from generators.plan import CHECKPOINT_ROOT, RUNS_ROOT, SHARED_MOUNT
 from generators.render import OVERLAYS, render
 from generators.render.flux import STORAGE_KUSTOMIZATION

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from generators.core.gotools import REPO_ROOT
+from support import REPO_ROOT
 
 pytestmark = pytest.mark.realpods
 

@@ -19,13 +19,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import REPO_ROOT
 
 # Compiles and loads native libraries in real processes.
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "docker" / "verify_image.py"
-DOCKERFILE = REPO / "docker" / "Dockerfile"
+SCRIPT = REPO_ROOT / "docker" / "verify_image.py"
+DOCKERFILE = REPO_ROOT / "docker" / "Dockerfile"
 NCCL = metadata.version("nvidia-nccl-cu13")
 
 PLUGIN_C = """

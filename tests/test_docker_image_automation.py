@@ -1,6 +1,8 @@
 """Flux image automation for the trainer image: the objects pass their schemas, they agree with the
-image line in base/pytorchjob and with the workflow that pushes the image, and a tag written the
-way image-automation-controller writes it survives the generator without a diff."""
+marked image lines (the data staging and pre-flight Jobs) and with the workflow that pushes the image,
+and a tag written the way image-automation-controller writes it survives the generator without a diff
+and without touching any run: a run's image is part of its name (the `image` run field), so a release
+never rewrites a running PyTorchJob."""
 
 from __future__ import annotations
 
@@ -13,14 +15,16 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support import REPO_ROOT
 
 from generators.core.gotools import tool
+from generators.matrix.schema import DEFAULT_IMAGE
 from generators.render.flux import FLUX_NAMESPACE, SOURCE_NAME
 from generators.validation.schemas import default_crd_dir
 
-REPO = Path(__file__).resolve().parent.parent
-AUTOMATION = REPO / "base" / "image-automation"
-JOB = REPO / "base" / "pytorchjob" / "pytorchjob.yaml"
+AUTOMATION = REPO_ROOT / "base" / "image-automation"
+JOB = REPO_ROOT / "base" / "data-staging" / "job.yaml"
+RUN_JOB = REPO_ROOT / "base" / "pytorchjob" / "pytorchjob.yaml"
 POLICY_REF = "flux-system:fsdp-trainer"
 # A line that image-automation-controller's Setters strategy updates: a YAML scalar followed by the
 # marker comment; with no ":tag"/":name" suffix in the marker the whole image reference is replaced.
@@ -70,7 +74,7 @@ def objects() -> dict[str, dict]:
 
 def job_image() -> str:
     matches = [m for line in JOB.read_text().splitlines() if (m := MARKED.match(line))]
-    assert len(matches) == 1, "base/pytorchjob must carry exactly one marked image line"
+    assert len(matches) == 1, "base/data-staging must carry exactly one marked image line"
     assert matches[0].group("ref") == POLICY_REF
     return matches[0].group("image")
 
@@ -120,19 +124,26 @@ def test_every_trainer_image_in_git_is_marked_and_inside_the_automation_path(obj
     """The data staging Job runs the trainer image too: an unmarked copy would stay on an old tag."""
     path = objects["ImageUpdateAutomation"]["spec"]["update"]["path"]
     repository = job_image().rpartition(":")[0]
-    users = [f for f in sorted((REPO / "base").rglob("*.yaml")) if repository + ":" in f.read_text()]
-    assert {f.relative_to(REPO).as_posix() for f in users} >= {
+    users = [f for f in sorted((REPO_ROOT / "base").rglob("*.yaml")) if repository + ":" in f.read_text()]
+    assert {f.relative_to(REPO_ROOT).as_posix() for f in users} >= {
         "base/pytorchjob/pytorchjob.yaml",
         "base/data-staging/job.yaml",
+        "base/preflight/job.yaml",
     }
+    # The run template's image is the runs' default and never marked: each run pins its own image.
+    run_lines = [line for line in RUN_JOB.read_text().splitlines() if repository + ":" in line]
+    assert run_lines and not any(MARKED.match(line) for line in run_lines), run_lines
+    assert all(line.split("image:", 1)[1].strip() == DEFAULT_IMAGE for line in run_lines if "image:" in line)
     for f in users:
-        assert (REPO / path).resolve() in f.resolve().parents, f"{f} is outside the automation path {path}"
+        if f == RUN_JOB:
+            continue
+        assert (REPO_ROOT / path).resolve() in f.resolve().parents, f"{f} is outside the automation path {path}"
         lines = [line for line in f.read_text().splitlines() if repository + ":" in line]
         assert all((m := MARKED.match(line)) and m.group("ref") == POLICY_REF for line in lines), (f, lines)
 
 
 def test_the_workflow_pushes_to_the_repository_flux_scans():
-    workflow = yaml.safe_load((REPO / ".github" / "workflows" / "image.yaml").read_text())
+    workflow = yaml.safe_load((REPO_ROOT / ".github" / "workflows" / "image.yaml").read_text())
     ecr_repository = workflow["jobs"]["push"]["env"]["ECR_REPOSITORY"]
     assert job_image().rpartition(":")[0].endswith(".amazonaws.com/" + ecr_repository)
 
@@ -141,20 +152,20 @@ def test_the_workflow_pushes_to_the_repository_flux_scans():
 def test_a_new_tag_round_trips_through_the_generator_without_a_diff(tmp_path):
     files = (
         subprocess.run(
-            ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, capture_output=True, check=True
+            ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO_ROOT, capture_output=True, check=True
         )
         .stdout.decode()
         .split("\0")
     )
     copy = tmp_path / "repo"
     for rel in filter(None, files):
-        if (REPO / rel).is_file():
+        if (REPO_ROOT / rel).is_file():
             (copy / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / rel, copy / rel)
+            shutil.copy2(REPO_ROOT / rel, copy / rel)
     expand = [sys.executable, str(copy / "generators" / "expand.py"), str(copy / "matrix.yaml"), "--check"]
     before = subprocess.run(expand, cwd=copy, capture_output=True, text=True, check=False)
     assert before.returncode == 0, "overlays/ is stale before any tag change:\n" + before.stdout + before.stderr
-    job = copy / "base" / "pytorchjob" / "pytorchjob.yaml"
+    job = copy / "base" / "data-staging" / "job.yaml"
     repository = job_image().rpartition(":")[0]
     new_image = f"{repository}:9.8.7"
     text, count = set_image(job.read_text(), POLICY_REF, new_image)
@@ -165,18 +176,16 @@ def test_a_new_tag_round_trips_through_the_generator_without_a_diff(tmp_path):
     after = [m for line in text.splitlines() if (m := MARKED.match(line))]
     assert [(m.group("image"), m.group("ref")) for m in after] == [(new_image, POLICY_REF)]
     before_doc, after_doc = yaml.safe_load(JOB.read_text()), yaml.safe_load(text)
-    container = after_doc["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    container = after_doc["spec"]["template"]["spec"]["containers"][0]
     assert container.pop("image") == new_image
-    before_doc["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0].pop("image")
+    before_doc["spec"]["template"]["spec"]["containers"][0].pop("image")
     assert after_doc == before_doc
 
-    # Overlays never set the image, so regenerating them changes nothing ...
+    # Regenerating the overlays changes nothing ...
     check = subprocess.run(expand, cwd=copy, capture_output=True, text=True, check=False)
     assert check.returncode == 0, check.stdout + check.stderr
-    assert not [p for p in (copy / "overlays").rglob("*.yaml") if repository in p.read_text()]
-    # ... and every run built from them picks up the new tag.
+    # ... and no run changes: each keeps the image it names (a running job is never rewritten).
     run_dir = next(p.parent for p in sorted((copy / "overlays" / "runs").rglob("kustomization.yaml")))
     jobs = [d for d in build(run_dir) if d["kind"] == "PyTorchJob"]
-    assert [j["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["image"] for j in jobs] == [
-        new_image
-    ]
+    images = [j["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["image"] for j in jobs]
+    assert images == [DEFAULT_IMAGE] and new_image not in images

@@ -6,10 +6,11 @@ import re
 import subprocess
 from pathlib import Path
 
+from support import REPO_ROOT
+
 from generators.core.gotools import tool
 
-REPO = Path(__file__).resolve().parent.parent
-DOCKERFILE = REPO / "docker" / "Dockerfile"
+DOCKERFILE = REPO_ROOT / "docker" / "Dockerfile"
 
 
 def hadolint(path: Path) -> subprocess.CompletedProcess:
@@ -46,10 +47,10 @@ def test_every_ignored_rule_is_justified_on_the_lines_above():
 
 
 def test_the_build_context_holds_what_the_dockerfile_copies():
-    ignore = (REPO / ".dockerignore").read_text().splitlines()
+    ignore = (REPO_ROOT / ".dockerignore").read_text().splitlines()
     assert "*" in ignore, ".dockerignore should exclude everything by default"
     sources = re.findall(r"^COPY (?!--from)(?:--\S+ )*(\S+) ", DOCKERFILE.read_text(), flags=re.M)
     assert sources, "no COPY from the build context found"
     for source in sources:
         assert f"!{source}" in ignore, f"COPY {source}: .dockerignore does not re-include it"
-        assert (REPO / source).exists(), f"COPY {source}: no such path in the repository"
+        assert (REPO_ROOT / source).exists(), f"COPY {source}: no such path in the repository"

@@ -13,10 +13,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+from support import REPO_ROOT
 
-REPO = Path(__file__).resolve().parent.parent
-DOCKERFILE = REPO / "docker" / "Dockerfile"
-REQUIREMENTS = REPO / "requirements" / "test.txt"
+DOCKERFILE = REPO_ROOT / "docker" / "Dockerfile"
+REQUIREMENTS = REPO_ROOT / "requirements" / "test.txt"
 
 PIN = re.compile(r"""["']?([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9.+!_-]+)["']?""")
 

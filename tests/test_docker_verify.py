@@ -10,12 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import REPO_ROOT
 
 # Every test runs the image check in real processes against real libraries.
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "docker" / "verify_image.py"
+SCRIPT = REPO_ROOT / "docker" / "verify_image.py"
 NCCL = metadata.version("nvidia-nccl-cu13")
 
 

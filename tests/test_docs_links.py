@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import REPO_ROOT
 
-REPO = Path(__file__).resolve().parent.parent
 PAGES = sorted(
-    [REPO / "README.md", REPO / "benchmarks" / "README.md", *(REPO / "docs").rglob("*.md")],
+    [REPO_ROOT / "README.md", REPO_ROOT / "benchmarks" / "README.md", *(REPO_ROOT / "docs").rglob("*.md")],
     key=lambda p: p.as_posix(),
 )
 
@@ -86,30 +86,30 @@ def links(page: Path) -> list[tuple[int, str]]:
 def broken_links(page: Path) -> list[str]:
     """One line per link of `page` that does not resolve: the page, the line, the target and why."""
     problems = []
-    shown = page.relative_to(REPO).as_posix()
+    shown = page.relative_to(REPO_ROOT).as_posix()
     for number, target in links(page):
         if SCHEME.match(target) or target.startswith("//"):
             continue  # a web address: not this repository's to check
         path_part, _, anchor = target.partition("#")
         destination = (page.parent / path_part).resolve() if path_part else page
         where = f"{shown}:{number}: {target}"
-        if not destination.is_relative_to(REPO):
+        if not destination.is_relative_to(REPO_ROOT):
             problems.append(f"{where}: leaves the repository")
         elif not destination.exists():
-            problems.append(f"{where}: {destination.relative_to(REPO).as_posix()} does not exist")
+            problems.append(f"{where}: {destination.relative_to(REPO_ROOT).as_posix()} does not exist")
         elif anchor and destination.suffix == ".md" and anchor not in anchors(destination):
-            problems.append(f"{where}: no heading #{anchor} in {destination.relative_to(REPO).as_posix()}")
+            problems.append(f"{where}: no heading #{anchor} in {destination.relative_to(REPO_ROOT).as_posix()}")
         elif anchor and destination.suffix != ".md":
             problems.append(f"{where}: an anchor into a file that is not Markdown")
     return problems
 
 
 def test_the_pages_are_found():
-    names = {p.relative_to(REPO).as_posix() for p in PAGES}
+    names = {p.relative_to(REPO_ROOT).as_posix() for p in PAGES}
     assert {"README.md", "benchmarks/README.md", "docs/matrix.md", "docs/trainer.md"} <= names
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(REPO).as_posix())
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(REPO_ROOT).as_posix())
 def test_every_relative_link_and_anchor_resolves(page: Path):
     assert broken_links(page) == []
 
@@ -137,7 +137,7 @@ def test_heading_ids_follow_github(heading: str, expected: str):
 
 
 def test_a_broken_link_or_anchor_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "REPO_ROOT", tmp_path)
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "a.md").write_text("# Title\n\n## Two words\n\n## Two words\n")
     page = tmp_path / "README.md"

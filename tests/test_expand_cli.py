@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from matrix_support import GOOD, HEADER, REPO_ROOT, line_of, snapshot
+from matrix_support import GOOD, HEADER, line_of, snapshot
+from support import REPO_ROOT
 
 from generators.core.writer import BANNER_PREFIX
 from generators.expand import main

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from matrix_support import REPO_ROOT
+from support import REPO_ROOT
 
 from generators.core import outdir, writer
 from generators.core.gotools import tool

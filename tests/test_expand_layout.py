@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from matrix_support import REPO_ROOT
+from support import REPO_ROOT
 
 GENERATORS = REPO_ROOT / "generators"
 COMMANDS = {"generators.expand", "generators.cluster", "generators.validate", "generators.report"}

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
-from matrix_support import GOOD, REPO_ROOT
+from matrix_support import GOOD
+from support import REPO_ROOT
 
 from generators.core.gotools import tool
 from generators.expand import main

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-from matrix_support import HEADER, REPO_ROOT
+from matrix_support import HEADER
+from support import REPO_ROOT
 
 EXPAND = REPO_ROOT / "generators" / "expand.py"
 

@@ -20,12 +20,11 @@ from typing import Any
 
 import pytest
 import yaml
+from support import REPO_ROOT
 
 from tools.cluster import image
 
 pytestmark = pytest.mark.slow
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 class NullSink:
@@ -117,8 +116,8 @@ def test_trainer_layers_hold_the_user_the_venv_and_the_code(trainer: image.Image
     assert not [n for n in venv_files if n.endswith(".a") or "/torch/include/" in n]  # GPU-only files left out
     code_files = layer_files(trainer.archive, code)
     expected = {
-        f"opt/fsdp/trainer/{p.relative_to(REPO / 'trainer').as_posix()}"
-        for p in (REPO / "trainer").rglob("*")
+        f"opt/fsdp/trainer/{p.relative_to(REPO_ROOT / 'trainer').as_posix()}"
+        for p in (REPO_ROOT / "trainer").rglob("*")
         if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
     }
     assert expected <= set(code_files) and "opt/fsdp/verify_image.py" in code_files
@@ -129,7 +128,7 @@ def test_trainer_layers_hold_the_user_the_venv_and_the_code(trainer: image.Image
 def init_container_commands() -> set[str]:
     """The commands the manifests' busybox init containers run (wait-for-data), plus the operator's
     wait-for-master loop (seq, nslookup, sleep)."""
-    job = yaml.safe_load((REPO / "base" / "pytorchjob" / "pytorchjob.yaml").read_text())
+    job = yaml.safe_load((REPO_ROOT / "base" / "pytorchjob" / "pytorchjob.yaml").read_text())
     (init,) = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["initContainers"]
     assert init["image"].startswith("docker.io/library/busybox:"), "the utility image stands in for busybox"
     words = set()

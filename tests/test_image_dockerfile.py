@@ -17,12 +17,12 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from support import REPO_ROOT
 
 from tools.cluster import image
 from tools.cluster.image import Entry, ImageError, Layer
 
-REPO = Path(__file__).resolve().parent.parent
-DOCKERFILE = (REPO / "docker" / "Dockerfile").read_text()
+DOCKERFILE = (REPO_ROOT / "docker" / "Dockerfile").read_text()
 
 
 def final_stage(text: str) -> list[str]:

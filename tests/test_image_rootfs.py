@@ -26,12 +26,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support import REPO_ROOT
 
 from tools.cluster import build, image
 
 pytestmark = [pytest.mark.realpods, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parent.parent
 
 if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("chroot") is None:
     pytest.skip("needs root with unshare and chroot to run the images' programs", allow_module_level=True)
@@ -109,7 +109,7 @@ def test_trainer_imports_as_the_images_user(trainer_root: Path) -> None:
 def test_trainer_trains_in_the_image(trainer_root: Path) -> None:
     img = image.trainer_image()
     work = workdir(trainer_root, "train")
-    shutil.copy(REPO / "tests" / "data" / "samsum_tiny.jsonl", work / "samsum.jsonl")
+    shutil.copy(REPO_ROOT / "tests" / "data" / "samsum_tiny.jsonl", work / "samsum.jsonl")
     overrides = (
         "training.max_steps=3 data.path=/tmp/train/samsum.jsonl checkpoint.dir=/tmp/train/ckpt "
         "metrics.output_dir=/tmp/train/metrics checkpoint.export_dir= checkpoint.interval_steps=2"
@@ -132,7 +132,7 @@ def test_prepare_data_in_the_image(trainer_root: Path) -> None:
     img = image.trainer_image()
     work = workdir(trainer_root, "stage")
     (work / "src").mkdir()
-    shutil.copy(REPO / "tests" / "data" / "samsum_tiny.jsonl", work / "src" / "train.jsonl")
+    shutil.copy(REPO_ROOT / "tests" / "data" / "samsum_tiny.jsonl", work / "src" / "train.jsonl")
     proc = run_in(
         trainer_root,
         img,
@@ -144,7 +144,7 @@ def test_prepare_data_in_the_image(trainer_root: Path) -> None:
 
 def test_utility_image_runs_the_init_containers(utility_root: Path) -> None:
     img = image.utility_image()
-    job = yaml.safe_load((REPO / "base" / "pytorchjob" / "pytorchjob.yaml").read_text())
+    job = yaml.safe_load((REPO_ROOT / "base" / "pytorchjob" / "pytorchjob.yaml").read_text())
     (init,) = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["initContainers"]
     assert init["command"][:2] == ["sh", "-c"]
     marker = workdir(utility_root, "shared") / "_COMPLETE"

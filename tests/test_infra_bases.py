@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 import yaml
+from support import REPO_ROOT
 
-from generators.core.gotools import REPO_ROOT, tool
+from generators.core.gotools import tool
 from generators.validation import pipeline, schemas
 from trainer.catalog import INSTANCE_TYPES
 

@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 import yaml
+from support import REPO_ROOT
 
 from generators import matrix
 from generators.core import writer
-from generators.core.gotools import REPO_ROOT, tool
+from generators.core.gotools import tool
 from generators.matrix.schema import GitSource
 from generators.plan import ClusterPlan, plan
 from generators.render import OVERLAYS, render

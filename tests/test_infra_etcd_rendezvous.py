@@ -23,9 +23,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support import REPO_ROOT
 
 from generators import matrix, plan
-from generators.core.gotools import REPO_ROOT, tool
+from generators.core.gotools import tool
 
 # Starts real etcd servers and torchrun processes.
 pytestmark = pytest.mark.slow

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support import REPO_ROOT
 
-from generators.core.gotools import REPO_ROOT, tool
+from generators.core.gotools import tool
 
 TOKEN = "hf_RoundTripTestTokenNotReal0123456789"
 SECRET = {

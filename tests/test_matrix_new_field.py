@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from matrix_support import GOOD, REPO_ROOT
+from matrix_support import GOOD
+from support import REPO_ROOT
 
 FIELD = """    name: str = run_field("")
     # PriorityClass of the job's pods; "" for the cluster's default.

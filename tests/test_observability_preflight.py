@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from matrix_support import REPO_ROOT, cluster_plans
+from matrix_support import cluster_plans
+from support import REPO_ROOT
 
 from generators.core.gotools import tool
 from generators.render.layout import layout_for

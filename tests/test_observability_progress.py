@@ -18,7 +18,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from trainer_support import REPO_ROOT, finish, output_overrides, read_metrics, torchrun_cmd, trainer_env
+from support import REPO_ROOT
+from trainer_support import finish, output_overrides, read_metrics, torchrun_cmd, trainer_env
 
 from trainer.progress import ProgressPublisher, format_eta, pod_annotations
 

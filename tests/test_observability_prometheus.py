@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 import yaml
-from trainer_support import REPO_ROOT, TINY, free_port, output_overrides, read_metrics, trainer_env, worker_pids
+from support import REPO_ROOT
+from trainer_support import TINY, free_port, output_overrides, read_metrics, trainer_env, worker_pids
 
 from tools.cluster.build import binary
 

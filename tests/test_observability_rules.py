@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 import yaml
 from prometheus_client import CollectorRegistry
+from support import REPO_ROOT
 
 from tools.cluster.build import binary
 from trainer.metrics import TrainerCollector
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 MONITORING = REPO_ROOT / "base" / "monitoring"
 RULES = MONITORING / "configs" / "prometheusrule-fsdp.yaml"
 DASHBOARD = MONITORING / "configs" / "dashboards" / "fsdp-gpus.json"

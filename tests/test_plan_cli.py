@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
-from matrix_support import HEADER, REPO_ROOT
+from matrix_support import HEADER
+from support import REPO_ROOT
 
 from generators.expand import main
 

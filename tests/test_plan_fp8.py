@@ -9,8 +9,7 @@ import sys
 from pathlib import Path
 
 import yaml
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from support import REPO_ROOT
 
 MATRIX = """\
 apiVersion: fsdp-gitops/v1

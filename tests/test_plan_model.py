@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 import math
 import re
-from pathlib import Path
 
 import pytest
 from matrix_support import HEADER
+from support import REPO_ROOT
 
 from generators.core.errors import InputError
 from generators.matrix import expand, load
@@ -22,8 +22,7 @@ from trainer.catalog import INSTANCE_TYPES, MODELS
 from trainer.config import check_topology, from_dict, to_dict
 from trainer.memory import estimate_peak_gib
 
-REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "benchmarks" / "results"
+RESULTS = REPO_ROOT / "benchmarks" / "results"
 MEMORY_BOUND = 0.10
 SPEED_BOUND = 0.15
 RATIO_BOUND = 0.05
@@ -162,7 +161,7 @@ def test_the_two_gpu_over_one_gpu_ratio_is_within_5_points(one, two):
 def test_the_calibration_runs_are_the_measurements_they_name():
     for cal in speed.CALIBRATION:
         file, _, number = cal.source.rpartition(":")
-        record = json.loads((REPO / file).read_text().splitlines()[int(number) - 1])
+        record = json.loads((REPO_ROOT / file).read_text().splitlines()[int(number) - 1])
         c = record["config"]
         assert record["tokens_per_s_per_gpu"] == pytest.approx(cal.tokens_per_s_per_gpu, abs=0.5), cal.source
         assert (

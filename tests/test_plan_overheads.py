@@ -11,7 +11,8 @@ import types
 from pathlib import Path
 
 import pytest
-from matrix_support import HEADER, REPO_ROOT
+from matrix_support import HEADER
+from support import REPO_ROOT
 
 from generators.core.errors import InputError
 from generators.matrix import expand, load

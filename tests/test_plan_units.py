@@ -238,7 +238,7 @@ def test_same_run_twice_is_an_error():
 
 
 def test_the_seed_matrix_plans_thirty_runs_without_70b_below_four_nodes():
-    from matrix_support import REPO_ROOT
+    from support import REPO_ROOT
 
     from generators.matrix import expand, load
     from generators.plan import plan_runs

@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from report_support import bench_record, run_info, write_jsonl, write_run
+from support import REPO_ROOT
 
 from generators.report import main
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def invoke(*args: str):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from support import REPO_ROOT
 
 from generators.report import main
 from generators.results.measurements import load, summarise
@@ -19,7 +20,6 @@ from generators.results.measurements import load, summarise
 # Trains real runs through torchrun first.
 pytestmark = pytest.mark.slow
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 STEPS = 6
 WARMUP_LOGS = 3
 TIMEOUT_S = 240

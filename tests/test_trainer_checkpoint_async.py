@@ -16,9 +16,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from support import REPO_ROOT
 from trainer_support import (
     LAUNCH_TIMEOUT_S,
-    REPO_ROOT,
     finish,
     output_overrides,
     read_metrics,

@@ -12,7 +12,8 @@ import sys
 import time
 
 import pytest
-from trainer_support import REPO_ROOT, TINY, torchrun_cmd, trainer_env
+from support import REPO_ROOT
+from trainer_support import TINY, torchrun_cmd, trainer_env
 
 LIMIT_S = 5.0
 

@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from support import REPO_ROOT
 from trainer_support import (
     LAUNCH_TIMEOUT_S,
-    REPO_ROOT,
     TINY,
     finish,
     free_port,

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-from trainer_support import LAUNCH_TIMEOUT_S, REPO_ROOT, TINY, finish, free_port, read_metrics, trainer_env
+from support import REPO_ROOT
+from trainer_support import LAUNCH_TIMEOUT_S, TINY, finish, free_port, read_metrics, trainer_env
 
 from trainer.rendezvous_env import fill
 

@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from trainer_support import REPO_ROOT, trainer_env
+from support import REPO_ROOT
+from trainer_support import trainer_env
 
 from trainer.preflight import bus_bandwidth, detect_transport, judge
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from trainer_support import REPO_ROOT
+from support import REPO_ROOT
 
 from trainer.config import DataConfig
 from trainer.data import ByteTokenizer, build_dataset

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from support import REPO_ROOT
 from trainer_support import (
     LAUNCH_TIMEOUT_S,
-    REPO_ROOT,
     TINY,
     finish,
     free_port,

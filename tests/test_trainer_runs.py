@@ -24,8 +24,8 @@ import pytest
 import torch
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from support import REPO_ROOT
 from trainer_support import (
-    REPO_ROOT,
     finish,
     free_port,
     kill_rank_after_checkpoint,

@@ -9,7 +9,8 @@ from itertools import pairwise
 
 import pytest
 import torch
-from trainer_support import REPO_ROOT, TINY
+from support import REPO_ROOT
+from trainer_support import TINY
 
 from trainer.catalog import MODELS
 from trainer.checkpoint import COMPLETE, complete_checkpoints

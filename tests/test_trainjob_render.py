@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner
-from matrix_support import GOOD, HEADER, REPO_ROOT, cluster_plans, line_of, load, plans, snapshot
+from matrix_support import GOOD, HEADER, cluster_plans, line_of, load, plans, snapshot
+from support import REPO_ROOT
 
 from generators.core.errors import InputError
 from generators.expand import main as expand_main

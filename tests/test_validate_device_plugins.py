@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 import yaml
+from support import REPO_ROOT
 from test_validate_mutations import fixture_files as job_fixture
 from test_validate_mutations import flux_kustomization, problems, write_tree
 
-from generators.core.gotools import REPO_ROOT, tool
+from generators.core.gotools import tool
 from generators.core.yamlio import Doc
 from generators.validation.device_plugins import Node, check_device_plugins, selects
 

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support import REPO_ROOT
 
-from generators.core.gotools import REPO_ROOT, tool
+from generators.core.gotools import tool
 from generators.validation.fluxgraph import check_flux
 from generators.validation.index import RepoIndex, repo_files
 from generators.validation.manifests import Problem

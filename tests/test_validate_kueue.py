@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 import yaml
+from support import REPO_ROOT
 
-from generators.core.gotools import REPO_ROOT
 from generators.core.yamlio import Doc
 from generators.matrix.load import load
 from generators.matrix.schema import Cluster

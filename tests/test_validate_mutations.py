@@ -19,9 +19,8 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner
-from support import crd_schemas
+from support import REPO_ROOT, crd_schemas
 
-from generators.core.gotools import REPO_ROOT
 from generators.validate import main as validate_main
 from generators.validation import pipeline, schemas
 

@@ -8,8 +8,8 @@ import copy
 
 import pytest
 import yaml
+from support import REPO_ROOT
 
-from generators.core.gotools import REPO_ROOT
 from generators.validation import semantics
 from generators.validation.manifests import Doc
 from generators.validation.podsecurity import HOST_ACCESS, check_pod_security

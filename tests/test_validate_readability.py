@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 import yaml
+from support import REPO_ROOT
 from test_validate_mutations import mutated, only
 
-from generators.core.gotools import REPO_ROOT, tool
+from generators.core.gotools import tool
 from generators.core.yamlio import Doc
 from generators.validation.readability import check_readability
 

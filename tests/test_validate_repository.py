@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from support import REPO_ROOT
 
-from generators.core.gotools import REPO_ROOT
 from generators.validation import pipeline, schemas
 
 # kustomize and kubeconform over the whole repository.

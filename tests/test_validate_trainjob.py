@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 import yaml
+from support import REPO_ROOT
 
 from generators import matrix
 from generators.core import writer
-from generators.core.gotools import REPO_ROOT
 from generators.plan import plan
 from generators.render import OVERLAYS, render
 from generators.render import provisioning as provisioning_render

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support import REPO_ROOT
 
 from generators.core.gotools import tool
 
-REPO = Path(__file__).resolve().parent.parent
-WORKFLOWS = sorted((REPO / ".github" / "workflows").glob("*.yaml"))
+WORKFLOWS = sorted((REPO_ROOT / ".github" / "workflows").glob("*.yaml"))
 USES = re.compile(r"^\s*(?:-\s+)?uses:\s*(\S+)(.*)$", re.M)
 
 
@@ -52,7 +52,7 @@ def test_actionlint_passes_on_every_workflow():
 def test_actionlint_reports_a_broken_workflow(tmp_path):
     broken = tmp_path / ".github" / "workflows" / "ci.yaml"
     broken.parent.mkdir(parents=True)
-    broken.write_text((REPO / ".github/workflows/ci.yaml").read_text().replace("runs-on:", "runs_on:", 1))
+    broken.write_text((REPO_ROOT / ".github/workflows/ci.yaml").read_text().replace("runs-on:", "runs_on:", 1))
     result = actionlint(broken)
     assert result.returncode != 0 and "runs_on" in result.stdout, result.stdout
 
@@ -94,7 +94,7 @@ def test_one_action_is_pinned_to_one_commit_everywhere():
 
 
 def test_the_image_is_pushed_with_an_oidc_role_and_no_stored_keys():
-    text = (REPO / ".github/workflows/image.yaml").read_text()
+    text = (REPO_ROOT / ".github/workflows/image.yaml").read_text()
     workflow = yaml.safe_load(text)
     push = workflow["jobs"]["push"]
     assert push["permissions"] == {"contents": "read", "id-token": "write"}
@@ -110,7 +110,7 @@ def test_the_image_is_pushed_with_an_oidc_role_and_no_stored_keys():
 
 
 def test_ci_runs_the_regenerate_validate_and_test_stages_with_the_pinned_tools():
-    steps = yaml.safe_load((REPO / ".github/workflows/ci.yaml").read_text())["jobs"]["check"]["steps"]
+    steps = yaml.safe_load((REPO_ROOT / ".github/workflows/ci.yaml").read_text())["jobs"]["check"]["steps"]
     runs = "\n".join(step.get("run", "") for step in steps)
     for command in (
         "bash tools/setup.sh test",

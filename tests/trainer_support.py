@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from support import REPO_ROOT
+
 TINY = REPO_ROOT / "trainer" / "configs" / "tiny.yaml"
 LAUNCH_TIMEOUT_S = 240
 

@@ -7,9 +7,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+from support import REPO_ROOT
 
 from tools.cluster import dryrun
-from tools.cluster.harness import REPO_ROOT, Cluster
+from tools.cluster.harness import Cluster
 
 pytestmark = pytest.mark.cluster
 

@@ -20,9 +20,10 @@ from typing import Any
 
 import pytest
 import yaml
+from support import REPO_ROOT
 
 from tools.cluster import dryrun, gitops
-from tools.cluster.harness import REPO_ROOT, Cluster
+from tools.cluster.harness import Cluster
 
 pytestmark = pytest.mark.cluster
 

@@ -16,9 +16,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from support import REPO_ROOT
 
 from tools.cluster import dryrun
-from tools.cluster.harness import REPO_ROOT, Cluster
+from tools.cluster.harness import Cluster
 from trainer.catalog import INSTANCE_TYPES
 
 pytestmark = pytest.mark.cluster

@@ -12,9 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from support import REPO_ROOT
 
 from tools.cluster import dryrun
-from tools.cluster.harness import REPO_ROOT, Cluster
+from tools.cluster.harness import Cluster
 
 pytestmark = pytest.mark.cluster
 
