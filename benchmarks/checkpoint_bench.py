@@ -73,6 +73,10 @@ def _rss_bytes() -> int:
 @click.option("--threads", default="1,8", show_default=True, help="Writer thread counts of the synchronous saves.")
 @click.option("--async-threads", default=8, show_default=True, help="Writer threads of the asynchronous saves.")
 @click.option("--stage-only", is_flag=True, help="Measure the blocking part of async saves only; no write, no load.")
+@click.option("--only-sync", is_flag=True, help="Measure the synchronous saves only.")
+@click.option(
+    "--no-prepare", is_flag=True, help="Do not allocate the pinned buffers ahead (the first save allocates them)."
+)
 @click.option("--name", default="checkpoint", show_default=True)
 @click.option("--json", "json_path", default=None, help="Append each result as a JSON line here.")
 def main(
@@ -86,6 +90,8 @@ def main(
     threads: str,
     async_threads: int,
     stage_only: bool,
+    only_sync: bool,
+    no_prepare: bool,
     name: str,
     json_path: str | None,
 ) -> None:
@@ -168,6 +174,38 @@ def main(
     def moment_dtypes() -> list[str]:
         return sorted({str(s[k].dtype) for s in optimizer.state.values() for k in ("exp_avg", "exp_avg_sq") if k in s})
 
+    def load(path: str, checkpointer: Checkpointer) -> None:
+        """The load, as a resume does it: a fresh optimizer with no state yet."""
+        nonlocal optimizer
+        saved_dtypes = moment_dtypes()
+        del optimizer
+        optimizer = build_optimizer(model, cfg.training, device)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated() if device.type == "cuda" else 0
+        sync()
+        t0 = time.perf_counter()
+        checkpointer.load(path, model, optimizer)
+        sync()
+        load_s = time.perf_counter() - t0
+        size = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
+        after = torch.cuda.memory_allocated() if device.type == "cuda" else 0
+        peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else 0
+        emit(
+            "load",
+            load_s=load_s,
+            bytes=size,
+            read_gb_per_s=size / load_s / 1e9,
+            allocated_before_gib=before / 2**30,
+            allocated_after_gib=after / 2**30,
+            peak_during_load_gib=peak / 2**30,
+            transient_gib=(peak - after) / 2**30,
+            moment_dtypes_saved=saved_dtypes,
+            moment_dtypes_after_load=moment_dtypes(),
+        )
+        step()  # the resumed state trains
+
     clean()
     train_state = {"data": sampler.state_dict(), "scheduler": {}, "metrics": {}}
     if stage_only:
@@ -200,7 +238,22 @@ def main(
     checkpointer = Checkpointer(ckpt_cfg, to_dict(cfg))
     rss0 = _rss_bytes()
     path = ""
-    for i in range(async_saves):
+    if not only_sync and not no_prepare:
+        # As trainer.train does after its first step: the buffers are allocated while training goes on.
+        t0 = time.perf_counter()
+        checkpointer.prepare(model, optimizer)
+        during = []
+        while checkpointer._staging.preparing and len(during) < 500:
+            during.append(step())
+        checkpointer._staging._take_prepared()
+        emit(
+            "prepare-staging",
+            seconds=time.perf_counter() - t0,
+            steps_during=len(during),
+            median_step_s_during=statistics.median(during) if during else None,
+            staging_host_bytes=checkpointer._staging.bytes,
+        )
+    for i in range(0 if only_sync else async_saves):
         if i:
             clean()
         sync()
@@ -232,36 +285,8 @@ def main(
             state_bytes=state_bytes(),
         )
     checkpointer._staging.close()  # free the pinned copy before the load and the synchronous saves
-
-    # The load, as a resume does it: a fresh optimizer with no state yet.
-    saved_dtypes = moment_dtypes()
-    del optimizer
-    optimizer = build_optimizer(model, cfg.training, device)
-    torch.cuda.empty_cache() if device.type == "cuda" else None
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated() if device.type == "cuda" else 0
-    sync()
-    t0 = time.perf_counter()
-    checkpointer.load(path, model, optimizer)
-    sync()
-    load_s = time.perf_counter() - t0
-    size = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
-    after = torch.cuda.memory_allocated() if device.type == "cuda" else 0
-    peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else 0
-    emit(
-        "load",
-        load_s=load_s,
-        bytes=size,
-        read_gb_per_s=size / load_s / 1e9,
-        allocated_before_gib=before / 2**30,
-        allocated_after_gib=after / 2**30,
-        peak_during_load_gib=peak / 2**30,
-        transient_gib=(peak - after) / 2**30,
-        moment_dtypes_saved=saved_dtypes,
-        moment_dtypes_after_load=moment_dtypes(),
-    )
-    step()  # the resumed state trains
+    if path:
+        load(path, checkpointer)
     checkpointer.close()
 
     for count in [int(t) for t in threads.split(",") if t]:
@@ -269,11 +294,18 @@ def main(
         sync_cfg = dataclasses.replace(ckpt_cfg, async_mode="disabled", writer_threads=count)
         sync_checkpointer = Checkpointer(sync_cfg, to_dict(cfg))
         t0 = time.perf_counter()
+        rss = _rss_bytes()
         sync_checkpointer.save(200 + count, model, optimizer, train_state)
         seconds = time.perf_counter() - t0
         job = sync_checkpointer.last
         sync_checkpointer.close()
         assert job is not None
+        # DCP copies every tensor to host memory for the write and keeps the copies until the file is
+        # done (one copy of the state in all); with one thread they are page-locked blocks that
+        # torch's host allocator caches afterwards: hand them back before the next measurement.
+        held = _rss_bytes() - rss
+        if device.type == "cuda":
+            torch._C._host_emptyCache()
         emit(
             "sync-save",
             writer_threads=count,
@@ -281,6 +313,7 @@ def main(
             write_s=job.write_s,
             bytes=job.bytes,
             write_gb_per_s=job.bytes / job.write_s / 1e9,
+            host_rss_growth_after_bytes=held,
         )
     clean()
     dist.destroy_process_group()

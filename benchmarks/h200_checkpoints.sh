@@ -6,8 +6,9 @@
 #          asynchronous save with fp32 moments (staging only: the state, 75 GiB, cannot be held twice
 #          in the machine's 128 GiB with a copy on tmpfs).
 #   ckpt:  the same model with bf16 moments: asynchronous saves into /dev/shm (tmpfs, so the disk's
-#          speed is out of it), the load of the checkpoint into a fresh optimizer, synchronous saves
-#          with 1, 8 and 16 writer threads (benchmarks/checkpoint_bench.py).
+#          speed is out of it) after the pinned buffers were allocated in the background as the
+#          trainer does, the load of the checkpoint into a fresh optimizer, synchronous saves with
+#          $THREADS writer threads (default 4,8,16,1) (benchmarks/checkpoint_bench.py).
 # Writes logs and JSON lines under ${OUT:-/tmp/h200-checkpoints}.
 set -uo pipefail
 out="${OUT:-/tmp/h200-checkpoints}"
@@ -33,8 +34,8 @@ speed)
     ;;
 ckpt)
     info 2>&1 | tee "$out/info.txt"
-    tr benchmarks/checkpoint_bench.py --model llama2-7b --dir /dev/shm/ckpt --async-saves 2 --threads 1,8,16 \
-        --async-threads 8 --set training.bf16_optimizer_state=true --set parallelism.compile=false \
+    tr benchmarks/checkpoint_bench.py --model llama2-7b --dir /dev/shm/ckpt --async-saves 2 --threads "${THREADS:-4,8,16,1}" \
+        --async-threads "${ASYNC_THREADS:-4}" --set training.bf16_optimizer_state=true --set parallelism.compile=false \
         --name bf16-moments --json "$out/ckpt.jsonl" 2>&1 | tee "$out/bf16.log" | grep -E "^==|Error|error"
     free -g | head -2
     ;;

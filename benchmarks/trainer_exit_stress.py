@@ -59,14 +59,18 @@ def launch(out: str, overrides: list[str]) -> tuple[int, str, float]:
 @click.option("--iterations", default=50, show_default=True, help="Iterations of two launches each.")
 @click.option("--load", default=2, show_default=True, help="Busy processes beside the runs.")
 @click.option("--json", "json_path", required=True, help="Append one JSON line per launch here.")
-def main(iterations: int, load: int, json_path: str) -> None:
+@click.option("--deadline", default=0.0, help="Start no iteration after this many seconds (0: no limit).")
+def main(iterations: int, load: int, json_path: str, deadline: float) -> None:
     """Run the launches and count the ones that failed or had a rank killed by a signal."""
     spinners = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(load)]
     for p in spinners:
         p.start()
     failed = signalled = launches = 0
     try:
+        start = time.monotonic()
         for i in range(iterations):
+            if deadline and time.monotonic() - start > deadline:
+                break
             out = tempfile.mkdtemp(prefix="exit-stress-")
             try:
                 first = [

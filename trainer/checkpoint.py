@@ -273,7 +273,43 @@ class HostStaging:
         self.pinned = pinned and torch.cuda.is_available()
         self._cache: dict[str, Any] | None = None
         self._registered: list[torch.Tensor] = []
+        self._preparing: threading.Thread | None = None
+        self._prepared: dict[str, Any] | None = None
+        self._prepare_error: BaseException | None = None
         self.bytes = 0  # host memory of one staged copy
+
+    def prepare(self, state: dict[str, Any]) -> None:
+        """Allocate and register the page-locked buffers for `state`'s layout in a background thread.
+
+        Only shapes, dtypes and shardings are read, never the data, so training goes on meanwhile;
+        the first save then costs a copy like every later one instead of also the allocation
+        (measured on one H200 for Llama-2-7B: 23 s with bf16 moments, 48 s with fp32 ones).
+        """
+        if not self.pinned or self._cache is not None or self._preparing is not None:
+            return
+
+        def run() -> None:
+            try:
+                self._prepared = self._empty_like(state)
+            except BaseException as err:  # noqa: BLE001 - raised by the save that needs the buffers
+                self._prepare_error = err
+
+        self._preparing = threading.Thread(target=run, name="checkpoint-staging", daemon=True)
+        self._preparing.start()
+
+    @property
+    def preparing(self) -> bool:
+        return self._preparing is not None and self._preparing.is_alive()
+
+    def _take_prepared(self) -> None:
+        if self._preparing is None:
+            return
+        self._preparing.join()
+        self._preparing = None
+        error, self._prepare_error = self._prepare_error, None
+        if error is not None:
+            raise RuntimeError(f"allocating the host buffers for checkpoints failed: {_one_line(error)}")
+        self._cache, self._prepared = self._prepared, None
 
     def _host(self, t: torch.Tensor) -> torch.Tensor:
         host = torch.empty(t.shape, dtype=t.dtype)
@@ -311,6 +347,7 @@ class HostStaging:
 
     def stage(self, state: dict[str, Any]) -> dict[str, Any]:
         """The host copy of `state` (same structure); returns once the copy is complete."""
+        self._take_prepared()
         if self._cache is None or not self.pinned:
             self.bytes = 0
             self._cache = self._empty_like(state)
@@ -322,6 +359,9 @@ class HostStaging:
         return staged
 
     def close(self) -> None:
+        if self._preparing is not None:
+            self._preparing.join()
+            self._preparing = self._prepared = None
         for host in self._registered:
             torch.cuda.cudart().cudaHostUnregister(host.data_ptr())
         self._registered, self._cache = [], None
@@ -521,6 +561,16 @@ class Checkpointer:
     @property
     def in_flight(self) -> bool:
         return self._thread is not None
+
+    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Start allocating the host buffers of async_with_pinned_mem saves in the background.
+
+        Call once the optimizer state exists (after the first step, or after a resume); a no-op
+        otherwise, with the other modes, and on CPU.
+        """
+        if self.enabled and self._staging.pinned and optimizer.state:
+            model_sd, optim_sd = get_state_dict(model, optimizer)
+            self._staging.prepare({"model": model_sd, "optim": optim_sd})
 
     def save(
         self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_state: dict[str, Any]

@@ -268,6 +268,8 @@ def train(cfg: TrainConfig, env: DistEnv) -> int:
         lr = scheduler.get_last_lr()[0]
         result = train_step(model, optimizer, micro_batches, cfg.training, env.world_size, cfg.parallelism.grad_sync)
         scheduler.step()
+        if step == start_step + 1:
+            checkpointer.prepare(model, optimizer)  # the optimizer state exists now
         record = metrics.step_done(step, result, lr=lr, num_samples=global_rows, data_state=sampler.state_dict())
         if progress:
             progress.publish(record, force=step == steps, done=step == steps)
