@@ -1,4 +1,5 @@
-"""Suite-wide: how pytest-xdist (`-n auto`, as tools/test.sh runs the suite) shares the tests out.
+"""Suite-wide: the `cli` fixture (the one in-process CLI runner, tests/support.py's cli_run), and how
+pytest-xdist (`-n auto`, as tools/test.sh runs the suite) shares the tests out.
 
 Each test module goes to one worker as a whole, so that its expensive module fixtures (trained tiny
 models, started servers) are set up once. Under tests/cluster/ the units follow the control planes
@@ -12,13 +13,22 @@ so the grouping is a scheduler here.)
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import pytest
+from click.testing import Result
+from support import cli_run
 
 try:
     from xdist.scheduler import LoadScopeScheduling
 except ImportError:  # plain pytest: nothing to share out
     LoadScopeScheduling = None
+
+
+@pytest.fixture(scope="session")
+def cli() -> Callable[..., Result]:
+    """The one CLI runner: `cli(main, [args...])` runs a Click command in this process (support.cli_run)."""
+    return cli_run
 
 
 def unit_of(nodeid: str) -> str:

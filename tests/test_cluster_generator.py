@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
-from support import REPO_ROOT, crd_schemas
+from click.testing import Result
+from support import REPO_ROOT, cli_run, crd_schemas
 
 from generators import cluster
 from generators import matrix as matrix_mod
@@ -24,8 +24,8 @@ MATRIX = REPO_ROOT / "matrix.yaml"
 RESERVATION = "cr-0123456789abcdef0"
 
 
-def run_cli(*args: str) -> CliRunner.invoke:
-    return CliRunner().invoke(cluster.main, list(args), catch_exceptions=False)
+def run_cli(*args: str) -> Result:
+    return cli_run(cluster.main, list(args), catch_exceptions=False)
 
 
 def kubeconform(location: str, *paths: Path) -> dict:
@@ -123,11 +123,11 @@ def test_the_repository_validation_checks_the_committed_configs_against_the_eksc
     assert f"{configs} resources" in output and "OK" in output, output
 
 
-def test_a_bad_instance_type_in_the_matrix_fails_with_one_line_and_writes_nothing(tmp_path):
+def test_a_bad_instance_type_in_the_matrix_fails_with_one_line_and_writes_nothing(tmp_path, cli):
     bad = matrix_copy(tmp_path, "instance_types: [p5.48xlarge]", "instance_types: [p5.96xlarge]")
     line = bad.read_text().splitlines().index("    instance_types: [p5.96xlarge]") + 1
     out = tmp_path / "out"
-    result = CliRunner().invoke(cluster.main, [str(bad), "--out", str(out)])
+    result = cli(cluster.main, [str(bad), "--out", str(out)])
     assert result.exit_code == 2
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert (
@@ -178,19 +178,19 @@ def test_a_capacity_reservation_targets_the_node_group(tmp_path):
     assert eksctl_report(*out.glob("*/eksctl.yaml"))["summary"]["valid"] == 2
 
 
-def test_two_reservations_for_a_node_group_fail_naming_the_line_and_the_way_out(tmp_path):
+def test_two_reservations_for_a_node_group_fail_naming_the_line_and_the_way_out(tmp_path, cli):
     m = matrix_copy(
         tmp_path, "capacity_reservation_ids: []", f"capacity_reservation_ids: [{RESERVATION}, cr-0123456789abcdef1]"
     )
     line = next(i for i, text in enumerate(m.read_text().splitlines(), 1) if "cr-0123456789abcdef1" in text)
     out = tmp_path / "out"
-    result = CliRunner().invoke(cluster.main, [str(m), "--out", str(out)])
+    result = cli(cluster.main, [str(m), "--out", str(out)])
     assert result.exit_code == 2 and not out.exists()
     assert (
         f"matrix.yaml:{line}: clusters.fsdp-p4de.capacity_reservation_ids: 2 capacity reservation(s)" in result.stderr
     )
     assert "generate with --karpenter" in result.stderr
-    ok = CliRunner().invoke(cluster.main, [str(m), "--out", str(out), "--karpenter"])
+    ok = cli(cluster.main, [str(m), "--out", str(out), "--karpenter"])
     assert ok.exit_code == 0, ok.stderr
     terms = load(out / "fsdp-p4de" / "karpenter" / "ec2nodeclass.yaml")["spec"]["capacityReservationSelectorTerms"]
     assert terms == [{"id": RESERVATION}, {"id": "cr-0123456789abcdef1"}]
@@ -277,8 +277,8 @@ def test_output_is_deterministic_banner_first_and_stale_clusters_pruned_but_othe
             assert data.isascii()
 
 
-def test_out_pointing_at_a_file_is_bad_input(tmp_path):
+def test_out_pointing_at_a_file_is_bad_input(tmp_path, cli):
     target = tmp_path / "file"
     target.write_text("x")
-    result = CliRunner().invoke(cluster.main, [str(MATRIX), "--out", str(target)])
+    result = cli(cluster.main, [str(MATRIX), "--out", str(target)])
     assert result.exit_code == 2 and "is a file" in result.stderr and target.read_text() == "x"

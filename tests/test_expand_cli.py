@@ -8,16 +8,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 from matrix_support import GOOD, HEADER, line_of, snapshot
-from support import REPO_ROOT
+from support import REPO_ROOT, cli_run
 
 from generators.core.writer import BANNER_PREFIX
 from generators.expand import main
 
 
 def invoke(*args: str):
-    return CliRunner().invoke(main, list(args))
+    return cli_run(main, list(args))
 
 
 @pytest.fixture

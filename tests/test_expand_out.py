@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
 from matrix_support import GOOD
-from support import REPO_ROOT
+from support import REPO_ROOT, cli_run
 
 from generators.core.gotools import tool
 from generators.expand import main
@@ -21,7 +20,7 @@ from generators.expand import main
 def expand_to(tmp_path: Path, out: Path) -> Path:
     matrix = tmp_path / "m.yaml"
     matrix.write_text(GOOD)
-    result = CliRunner().invoke(main, [str(matrix), "--out", str(out)])
+    result = cli_run(main, [str(matrix), "--out", str(out)])
     assert result.exit_code == 0, result.output
     return out
 

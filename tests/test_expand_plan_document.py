@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from click.testing import CliRunner
 from matrix_support import GOOD, snapshot
+from support import cli_run
 
 from generators.expand import PLAN_DOCUMENT, main
 
 
 def invoke(*args: str):
-    return CliRunner().invoke(main, list(args))
+    return cli_run(main, list(args))
 
 
 def write(tmp_path: Path, text: str = GOOD) -> tuple[Path, Path, Path]:

@@ -197,9 +197,8 @@ def test_sigkill_at_random_moments_leaves_the_old_or_the_new_tree(tmp_path):
     assert [p.name for p in tmp_path.iterdir() if ".writing-" in p.name or ".replaced-" in p.name] == []
 
 
-def test_files_recorded_by_a_nested_output_are_not_adopted(tmp_path):
+def test_files_recorded_by_a_nested_output_are_not_adopted(tmp_path, cli):
     """cluster.py pointed at overlays/ must not delete what it recorded in overlays/provisioning/."""
-    from click.testing import CliRunner
 
     from generators import cluster
 
@@ -208,7 +207,7 @@ def test_files_recorded_by_a_nested_output_are_not_adopted(tmp_path):
     m.write_text(matrix(1, "1.0e-5"))
     assert expand(m, out).returncode == 0
     nested = out / "provisioning"
-    assert CliRunner().invoke(cluster.main, [str(m), "--out", str(nested)]).exit_code == 0
+    assert cli(cluster.main, [str(m), "--out", str(nested)]).exit_code == 0
     before = tree_hash(nested)
-    assert CliRunner().invoke(cluster.main, [str(m), "--out", str(out)]).exit_code == 0
+    assert cli(cluster.main, [str(m), "--out", str(out)]).exit_code == 0
     assert tree_hash(nested) == before

@@ -9,8 +9,8 @@ import os
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 from matrix_support import GOOD, HEADER, load
+from support import cli_run
 
 from generators import cluster, expand, report
 from generators.core.errors import InputError
@@ -37,7 +37,7 @@ def tree(root: Path) -> str:
 def refused(command, args: list[str], out: Path) -> str:
     """Run a command that must refuse: exit 2, one line naming a fix, the output tree unchanged."""
     before = tree(out)
-    result = CliRunner().invoke(command.main, args)
+    result = cli_run(command.main, args)
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "fix: " in lines[0], result.stderr
@@ -47,12 +47,12 @@ def refused(command, args: list[str], out: Path) -> str:
 
 
 @pytest.fixture
-def out(tmp_path: Path) -> Path:
+def out(tmp_path: Path, cli) -> Path:
     """An output directory already holding a good matrix's overlays."""
     m = tmp_path / "good.yaml"
     m.write_text(GOOD)
     target = tmp_path / "out"
-    assert CliRunner().invoke(expand.main, [str(m), "--out", str(target)]).exit_code == 0
+    assert cli(expand.main, [str(m), "--out", str(target)]).exit_code == 0
     return target
 
 

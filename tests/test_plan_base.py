@@ -8,8 +8,8 @@ import re
 import subprocess
 from pathlib import Path
 
-from click.testing import CliRunner
 from matrix_support import HEADER
+from support import cli_run
 
 from generators.expand import main
 
@@ -55,10 +55,10 @@ def plan_diff(tmp_path: Path):
     matrix.write_text(BEFORE)
     git(repo, "add", "matrix.yaml")
     git(repo, "commit", "-q", "-m", "before")
-    before = CliRunner().invoke(main, [str(matrix), "--plan"])
+    before = cli_run(main, [str(matrix), "--plan"])
     matrix.write_text(AFTER)
     git(repo, "commit", "-q", "-am", "after")
-    return before, CliRunner().invoke(main, [str(matrix), "--plan", "--base", "HEAD~1"])
+    return before, cli_run(main, [str(matrix), "--plan", "--base", "HEAD~1"])
 
 
 def plan_table(output: str) -> dict[str, list[str]]:

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
 from matrix_support import HEADER
-from support import REPO_ROOT
+from support import REPO_ROOT, cli_run
 
 from generators.expand import main
 
@@ -20,7 +19,7 @@ SEED = REPO_ROOT / "matrix.yaml"
 
 
 def invoke(*args: str):
-    return CliRunner().invoke(main, list(args))
+    return cli_run(main, list(args))
 
 
 def rows(output: str) -> dict[str, list[str]]:

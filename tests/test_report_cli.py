@@ -9,15 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 from report_support import bench_record, run_info, write_jsonl, write_run
-from support import REPO_ROOT
+from support import REPO_ROOT, cli_run
 
 from generators.report import main
 
 
 def invoke(*args: str):
-    return CliRunner().invoke(main, [str(a) for a in args])
+    return cli_run(main, [str(a) for a in args])
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 from report_support import bench_record, run_info, write_jsonl, write_run
 
 from generators.report import main
@@ -101,8 +100,8 @@ def test_a_cpu_run_has_no_prediction(tmp_path):
     assert report.markdown_table([p]).splitlines()[2].rstrip(" |").endswith("-")
 
 
-def test_the_report_command_prints_the_split_series(two_models):
-    result = CliRunner().invoke(main, [str(two_models)])
+def test_the_report_command_prints_the_split_series(two_models, cli):
+    result = cli(main, [str(two_models)])
     assert result.exit_code == 0, result.output
     assert "default (model llama2-7b, checkpointing none)" in result.stdout
     assert "101.0%" in result.stdout and "95.0%" in result.stdout

@@ -11,7 +11,6 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 from support import REPO_ROOT
 
 from generators.report import main
@@ -65,9 +64,9 @@ def run_dirs(tmp_path_factory) -> list[Path]:
     return [root / "g1" / "metrics", root / "g2" / "metrics"]
 
 
-def test_report_over_real_runs_shows_both_world_sizes_with_finite_efficiency(run_dirs, tmp_path):
+def test_report_over_real_runs_shows_both_world_sizes_with_finite_efficiency(run_dirs, tmp_path, cli):
     out = tmp_path / "report"
-    result = CliRunner().invoke(main, [*map(str, run_dirs), "--out", str(out), "--warmup-logs", str(WARMUP_LOGS)])
+    result = cli(main, [*map(str, run_dirs), "--out", str(out), "--warmup-logs", str(WARMUP_LOGS)])
     assert result.exit_code == 0, result.output
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in result.stdout.splitlines()[2:]]
     assert [(r[0], r[1]) for r in rows] == [("tiny FULL_SHARD", "1"), ("tiny FULL_SHARD", "2")]

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 import yaml
-from click.testing import CliRunner
 from matrix_support import GOOD, HEADER, cluster_plans, line_of, load, plans, snapshot
 from support import REPO_ROOT
 
@@ -48,13 +47,13 @@ def test_an_unknown_job_api_is_one_line_naming_file_line_key_and_fix() -> None:
     assert "'mpijob'" in err and "fix: use one of pytorchjob, trainjob" in err and "\n" not in err
 
 
-def test_the_expand_command_refuses_it_with_exit_2_and_writes_nothing(tmp_path: Path) -> None:
+def test_the_expand_command_refuses_it_with_exit_2_and_writes_nothing(tmp_path: Path, cli) -> None:
     matrix, out = tmp_path / "m.yaml", tmp_path / "out"
     matrix.write_text(GOOD)
-    assert CliRunner().invoke(expand_main, [str(matrix), "--out", str(out)]).exit_code == 0
+    assert cli(expand_main, [str(matrix), "--out", str(out)]).exit_code == 0
     before = snapshot(out)
     matrix.write_text(GOOD.replace("    namespace: research\n", "    namespace: research\n    job_api: TrainJob\n"))
-    result = CliRunner().invoke(expand_main, [str(matrix), "--out", str(out)])
+    result = cli(expand_main, [str(matrix), "--out", str(out)])
     assert result.exit_code == 2 and len(result.stderr.splitlines()) == 1, result.output
     assert ": clusters.fsdp-mixed.job_api: " in result.stderr and "; fix: " in result.stderr
     assert snapshot(out) == before
@@ -210,9 +209,9 @@ def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
 
 
-def test_plan_and_plan_base_treat_both_apis_the_same(tmp_path: Path) -> None:
+def test_plan_and_plan_base_treat_both_apis_the_same(tmp_path: Path, cli) -> None:
     example = (REPO_ROOT / "examples" / "matrix-two-apis.yaml").read_text()
-    plan = CliRunner().invoke(expand_main, [str(REPO_ROOT / "examples" / "matrix-two-apis.yaml"), "--plan"])
+    plan = cli(expand_main, [str(REPO_ROOT / "examples" / "matrix-two-apis.yaml"), "--plan"])
     assert plan.exit_code == 0, plan.output
     rows = [line for line in plan.stdout.splitlines() if line.startswith("| llama2-7b-")]
     assert len(rows) == 4 and sum("-p5-" in r for r in rows) == 2
@@ -229,7 +228,7 @@ def test_plan_and_plan_base_treat_both_apis_the_same(tmp_path: Path) -> None:
     git(repo, "commit", "-q", "-m", "before")
     matrix.write_text(example)
     git(repo, "commit", "-q", "-am", "after")
-    diff = CliRunner().invoke(expand_main, [str(matrix), "--plan", "--base", "HEAD~1"])
+    diff = cli(expand_main, [str(matrix), "--plan", "--base", "HEAD~1"])
     assert diff.exit_code == 0, diff.output
     assert "Added: 0, removed: 0, changed: 0" in diff.stdout, diff.stdout[:3000]
     assert "| difference  |   +0 |      +0.0 |     +0.00 |" in diff.stdout

@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 import yaml
-from click.testing import CliRunner
 from support import REPO_ROOT, crd_schemas
 
 from generators.validate import main as validate_main
@@ -414,28 +413,25 @@ def test_source_ref_that_does_not_resolve_fails(tmp_path):
     assert "sourceRef GitRepository/flux-system/fsdp is not defined" in line
 
 
-def test_cli_exit_codes(tmp_path):
+def test_cli_exit_codes(tmp_path, cli):
     files = fixture_files()
     write_tree(tmp_path, files)
-    runner = CliRunner()
-    ok = runner.invoke(validate_main, ["--crd-schemas", str(crd_schemas()), str(tmp_path)])
+    ok = cli(validate_main, ["--crd-schemas", str(crd_schemas()), str(tmp_path)])
     assert ok.exit_code == 0, ok.output
     assert ok.stdout.strip().endswith(": OK")
     (tmp_path / "overlays/clusters/c1/infrastructure.yaml").write_text(
         yaml.safe_dump(flux_kustomization("infra-configs", "./nowhere"))
     )
-    bad = runner.invoke(validate_main, ["--crd-schemas", str(crd_schemas()), str(tmp_path)])
+    bad = cli(validate_main, ["--crd-schemas", str(crd_schemas()), str(tmp_path)])
     assert bad.exit_code == 1
     assert (
         "overlays/clusters/c1/infrastructure.yaml:1: Kustomization/flux-system/infra-configs: spec.path ./nowhere"
     ) in bad.stderr
-    usage = runner.invoke(validate_main, ["--crd-schemas", str(tmp_path / "missing"), str(tmp_path)])
+    usage = cli(validate_main, ["--crd-schemas", str(tmp_path / "missing"), str(tmp_path)])
     assert usage.exit_code == 2 and "not a directory" in usage.stderr
-    version = runner.invoke(
-        validate_main, ["--crd-schemas", str(crd_schemas()), "--k8s-version", "1.2.0", str(tmp_path)]
-    )
+    version = cli(validate_main, ["--crd-schemas", str(crd_schemas()), "--k8s-version", "1.2.0", str(tmp_path)])
     assert version.exit_code == 2 and "kubernetes-validate has no schemas for it" in version.stderr
-    outside = runner.invoke(validate_main, ["--crd-schemas", str(crd_schemas()), str(tmp_path / "nowhere")])
+    outside = cli(validate_main, ["--crd-schemas", str(crd_schemas()), str(tmp_path / "nowhere")])
     assert outside.exit_code == 2 and "no such file or directory" in outside.stderr
 
 
