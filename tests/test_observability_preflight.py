@@ -82,8 +82,15 @@ def test_one_job_per_instance_type_with_the_catalog_resources(built):
             "Indexed",
             2,
             2,
-            0,
+            4,
         )
+        # Retries only for a check that could not run; its verdict (exit 3) fails the Job at once.
+        fail, ignore = spec["podFailurePolicy"]["rules"]
+        assert fail == {
+            "action": "FailJob",
+            "onExitCodes": {"containerName": "preflight", "operator": "In", "values": [3]},
+        }
+        assert ignore["action"] == "Ignore" and ignore["onPodConditions"][0]["type"] == "DisruptionTarget"
         assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": type_name}
         (c,) = pod["containers"]
         want = {"nvidia.com/gpu": instance.num_gpus, "vpc.amazonaws.com/efa": instance.num_efa}
@@ -107,7 +114,8 @@ def test_command_is_the_preflight_program_with_the_catalog_minimum(built):
         (c,) = objs["Job"]["spec"]["template"]["spec"]["containers"]
         cmd = c["command"]
         name = objs["Job"]["metadata"]["name"]
-        assert cmd[:2] == ["torchrun", "--nnodes=2"] and f"--nproc_per_node={instance.num_gpus}" in cmd
+        assert cmd[:4] == ["python", "-m", "trainer.launch", "--nnodes=2"]
+        assert f"--nproc_per_node={instance.num_gpus}" in cmd
         assert f"--rdzv-endpoint={name}-0.{name}:29400" in cmd
         module = cmd.index("trainer.preflight")
         assert cmd[module - 1] == "-m"

@@ -37,6 +37,8 @@ UPSTREAM_DCGM_FIELDS = DATA / "dcgm-exporter-default-counters.csv"
 OTHER_METRICS = {
     "up",  # Prometheus, one per scrape target
     "kube_job_failed",  # kube-state-metrics docs/metrics/workload/job-metrics.md (STABLE)
+    "kube_job_status_failed",  # the same page (STABLE): reason BackoffLimitExceeded, DeadlineExceeded, Evicted, ""
+    "kube_node_status_capacity",  # kube-state-metrics docs/metrics/cluster/node-metrics.md (STABLE)
 }
 
 PROMQL_KEYWORDS = {
@@ -225,6 +227,8 @@ def test_every_alert_has_a_firing_and_a_silent_unit_test():
         "FsdpThroughputDrop",
         "FsdpTrainerMetricsMissing",
         "FsdpNcclPreflightFailed",
+        "FsdpNcclPreflightNotRun",
+        "FsdpGpuNodeUnhealthy",
     } <= alerts
 
 

@@ -18,7 +18,8 @@
    permanent failure. So SIGTERM (or any signal torchrun stops on) ends this process with 128 + the
    signal number, and workers that all exited 143 (a preemption seen on another node) end it with 143.
    Workers that all exited 2 (bad input, said in one line by the trainer) end it with 2, without
-   torchrun's report. The operator restarts exactly the codes >= 128: in kubeflow/training-operator's
+   torchrun's report; likewise 3, the verdict of a pre-flight check that ran and failed (VERDICTS).
+   The operator restarts exactly the codes >= 128: in kubeflow/training-operator's
    release-1.9 line (v1.9.0 up to the branch head), pkg/util/train/train_util.go `IsRetryableExitCode`
    is `exitCode >= 128`, and pkg/controller.v1/common/pod.go deletes and re-creates a failed pod of an
    ExitCode replica when it holds, else fails the job. That is why torchrun runs in this process
@@ -54,6 +55,16 @@
 torchrun gives its workers 30 s after forwarding SIGTERM, then kills them; a large model's checkpoint
 takes longer. FSDP_TERM_GRACE_S (default 30) sets that time after a signal: keep it a little under the
 pod's terminationGracePeriodSeconds (the kubelet kills the whole pod then).
+
+Three guards of the generated jobs, each configured by environment and inert without it:
+- trainer/attempts.py: every start of the pod counts on the shared volume; the start after
+  FSDP_MAX_RETRIES restarts exits 1 (the operator does not bound restarts of retryable exits).
+- trainer/capacity_block.py: before an EC2 Capacity Block ends, SIGTERM (the workers checkpoint), then
+  exit 1 with one line.
+- trainer/transport_check.py: a multi-node job whose NCCL uses another network transport than
+  FSDP_EXPECT_TRANSPORT stops with one line and exit 1 (or warns).
+A guard stops the run through the same path as a preemption (SIGTERM to this process, which torchrun
+forwards to the workers), and the run then ends with exit status 1 and the guard's line instead of 143.
 """
 
 from __future__ import annotations
@@ -62,10 +73,11 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 
-from trainer import rendezvous_env
+from trainer import attempts, capacity_block, rendezvous_env, transport_check
 
 WAIT_ENV = "FSDP_RDZV_WAIT_S"
 GRACE_ENV = "FSDP_TERM_GRACE_S"
@@ -73,6 +85,10 @@ LOG_EVERY_S = 60.0
 POLL_S = 1.0
 STOPPED = 128 + signal.SIGTERM
 LOST_PEER = 200  # see item 4 of the module docstring
+# Worker exits passed through as they are when every failed worker ended with one of them: 2, bad input
+# (trainer.train), and 3, a pre-flight check that ran and failed (trainer.preflight CHECK_FAILED), which
+# the pre-flight Job's podFailurePolicy tells from a crash (torchrun alone would exit 1 for both).
+VERDICTS = (2, 3)
 
 
 def _seconds(name: str, default: float) -> float:
@@ -246,15 +262,70 @@ def _lost_peer(what: str, err: BaseException) -> int:
     return LOST_PEER
 
 
+class GuardStop:
+    """The first guard's reason to stop the run; asking for a stop sends this process SIGTERM."""
+
+    def __init__(self) -> None:
+        self.reason = ""
+        self._lock = threading.Lock()
+
+    def __call__(self, reason: str) -> None:
+        with self._lock:
+            if self.reason:
+                return
+            self.reason = reason
+        print(f"launch: stopping the run: {reason}", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def exit_status(self, status: int) -> int:
+        """1 with the guard's line when a guard stopped the run, else `status`."""
+        if not self.reason:
+            return status
+        print(f"error: {self.reason}", file=sys.stderr, flush=True)
+        return 1
+
+
+def _max_nodes(argv: Sequence[str]) -> int:
+    from torch.distributed.run import parse_args, parse_min_max_nnodes
+
+    args = parse_args(list(argv))
+    return 1 if args.standalone else parse_min_max_nnodes(args.nnodes)[1]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # As a container's first process, a signal without a handler is ignored: make SIGTERM end the wait
     # (torchrun installs its own handler once it starts the workers).
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    attempts.count_this_start()
+    block = capacity_block.BlockWatch.from_env()
+    if block is not None:
+        block.check_at_start()
     argv = rendezvous_env.fill(argv)  # a command without its endpoint: from either job API's env
     wait_for_rendezvous(argv)
     _extend_worker_grace(_seconds(GRACE_ENV, 30.0))
     handlers = _keep_rendezvous_handlers()
+    stop = GuardStop()
+    watches: list[capacity_block.BlockWatch | transport_check.TransportWatch] = []
+    transport = transport_check.TransportWatch.from_env(_max_nodes(argv))
+    for watch in (block, transport):
+        if watch is not None:
+            watch.start(stop)
+            watches.append(watch)
+    try:
+        status = _run_torchrun(argv, handlers)
+    except Exception:
+        if not stop.reason:
+            raise
+        status = 1  # the workers failed while stopping for a guard: the guard's line says why
+    finally:
+        for watch in watches:
+            watch.close()
+    return stop.exit_status(status)
+
+
+def _run_torchrun(argv: list[str], handlers: list) -> int:
+    """torchrun in this process; its end as an exit status (module docstring, steps 2-4)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
@@ -267,11 +338,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             if codes == {STOPPED}:
                 print(f"launch: every worker stopped after SIGTERM; exit status {STOPPED}", file=sys.stderr, flush=True)
                 return STOPPED
-            if 2 in codes and codes <= {2, STOPPED}:
-                # The trainer's bad-input exit (torchrun stops the other workers with SIGTERM): its one line
-                # is already on stderr, and torchrun's report would only bury it.
-                return 2
-            lost = None if 2 in codes else _store_lost(handlers)
+            for verdict in VERDICTS:
+                if verdict in codes and codes <= {verdict, STOPPED}:
+                    # The program's own verdict (torchrun stops the other workers with SIGTERM): its one
+                    # line is already on stderr, and torchrun's report would only bury it.
+                    return verdict
+            lost = None if codes & set(VERDICTS) else _store_lost(handlers)
             if lost is None:
                 raise  # the trainer failed on this node: permanent
             failed = ", ".join(

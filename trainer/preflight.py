@@ -4,7 +4,9 @@
         [--expect-transport {efa,nvlink,socket,any}] [--min-busbw-gbs FLOAT] [--json PATH]
 
 Every rank all-reduces a buffer of --size-mib MiB (fp32) --iters times after a warm-up; rank 0 prints
-ONE JSON line and the process exits 0 when the check passed, 1 when it failed:
+ONE JSON line and the process exits 0 when the check passed, CHECK_FAILED (3) when it ran and failed
+(any other failure, a crash or a rendezvous that never formed, is not a verdict and exits otherwise;
+the pre-flight Job retries those and fails at once on 3, base/preflight/job.yaml):
 
     {"world_size", "size_mib", "algbw_gbs", "busbw_gbs", "transport", "expected", "min_busbw_gbs",
      "passed", "reason"}
@@ -32,6 +34,7 @@ import tempfile
 import time
 
 TRANSPORTS = ("efa", "ib", "socket", "nvlink", "shm", "unknown")
+CHECK_FAILED = 3
 EXPECTABLE = ("efa", "nvlink", "socket", "any")
 
 # "Channel 00/0 : 0[0] -> 1[1] [send] via NET/OFI/0/GDRDMA", "... via P2P/CUMEM/read", "... via SHM/direct/direct"
@@ -195,7 +198,7 @@ def main(argv=None) -> int:
         if args.json_path:
             with open(args.json_path, "w", encoding="utf-8") as fh:
                 fh.write(line + "\n")
-    return 0 if passed else 1
+    return 0 if passed else CHECK_FAILED
 
 
 if __name__ == "__main__":

@@ -351,6 +351,8 @@ def _parse_cluster(file: str, name: str, data: Any, line: int) -> Cluster:
             f"unknown job API {f['job_api']!r}",
             f"use one of {', '.join(JOB_APIS)} (docs/job-api.md says which to choose)",
         )
+    if f["capacity_block_end"]:
+        _check_block_end(file, data, prefix, f["capacity_block_end"], f["capacity_blocks"])
     if not _K8S_VERSION.match(f["kubernetes_version"]):
         raise _err(
             file,
@@ -390,8 +392,22 @@ def _parse_cluster(file: str, name: str, data: Any, line: int) -> Cluster:
         kueue=f["kueue"],
         capacity_blocks=f["capacity_blocks"],
         job_api=f["job_api"],
+        capacity_block_end=f["capacity_block_end"],
         lines={"name": line, **data.key_lines},
     )
+
+
+def _check_block_end(file: str, data: LineDict, prefix: str, text: str, blocks: bool) -> None:
+    """capacity_block_end: an ISO 8601 time with a zone, on a cluster of Capacity Blocks."""
+    from trainer.capacity_block import BadEndTime, parse_end
+
+    line, key = data.key_lines["capacity_block_end"], f"{prefix}.capacity_block_end"
+    try:
+        parse_end(text)
+    except BadEndTime as err:
+        raise _err(file, line, key, str(err), 'write the block\'s end in UTC, e.g. "2026-12-10T11:30:00Z"') from None
+    if not blocks:
+        raise _err(file, line, key, "is set but capacity_blocks is not true", "set capacity_blocks: true or remove it")
 
 
 class _Flattener:

@@ -23,6 +23,11 @@ from typing import Any, Literal
 from trainer.config import TrainConfig
 
 RdzvBackend = Literal["c10d", "etcd"]
+TransportCheck = Literal["fail", "warn", "off"]
+# The trainer image a run uses unless it sets `image`: the image of base/pytorchjob (a test holds them
+# equal). Part of the run's configuration hash like every run field, so a new image never changes a
+# running job: it reaches the runs that name it (docs/operations.md, new images).
+DEFAULT_IMAGE = "111122223333.dkr.ecr.us-west-2.amazonaws.com/fsdp-gitops/trainer:0.1.0"
 # The job API a cluster's runs are written for: the Kubeflow Training Operator's PyTorchJob (v1,
 # kubeflow.org) or Kubeflow Trainer v2's TrainJob (trainer.kubeflow.org, on JobSet); docs/job-api.md.
 JobApi = Literal["pytorchjob", "trainjob"]
@@ -75,6 +80,15 @@ class Run:
     # Readable part of the run name instead of the generated one (DNS-1035, at most NAME_PREFIX_MAX
     # characters); the planner always appends the configuration hash.
     name: str = run_field("")
+    # The trainer image (registry/repository:tag) of the run's pods.
+    image: str = run_field(DEFAULT_IMAGE)
+    # Restarts of a worker pod after a retryable exit (preemption, OOM kill, lost node) before the job
+    # fails: trainer.launch counts the pod's starts on the shared volume (trainer/attempts.py), since the
+    # Training Operator does not count these against backoffLimit.
+    max_retries: int = run_field(10, minimum=0)
+    # Multi-node runs on EFA instances: NCCL on another transport than EFA fails the run at its start
+    # (fail), only says so (warn), or is not checked (off); trainer/transport_check.py.
+    transport_check: TransportCheck = run_field("fail")
 
     # Not run fields: what the expansion records about the run.
     # The trainer config as nested plain data, still unvalidated (the planner validates it with
@@ -140,6 +154,7 @@ CLUSTER_FIELDS: dict[str, tuple[Any, Any]] = {
     "kueue": (bool, True),
     "capacity_blocks": (bool, False),
     "job_api": (str, "pytorchjob"),
+    "capacity_block_end": (str, ""),
 }
 
 
@@ -177,6 +192,10 @@ class Cluster:
     # The API the cluster's runs use: "pytorchjob" (Training Operator v1) or "trainjob" (Kubeflow
     # Trainer v2 with JobSet); the plan, the names and the trainer are the same for both.
     job_api: JobApi = "pytorchjob"
+    # End time of the cluster's Capacity Block (ISO 8601 with a zone, e.g. "2026-12-10T11:30:00Z"); ""
+    # when none. Runs checkpoint and stop before it (trainer/capacity_block.py), through ConfigMap
+    # fsdp-capacity-block, so changing it never rewrites a job.
+    capacity_block_end: str = ""
     # 1-based matrix line of each field that the matrix sets (and of the cluster's own key under
     # "name"), for errors raised after loading.
     lines: Mapping[str, int] = field(default_factory=dict, compare=False)

@@ -157,6 +157,11 @@ KUEUE_CONTROLLER = "base/components/kueue/controller"
 # The shared volume's ownership Job (base/shared-storage), one per cluster, and its Flux Kustomization.
 STORAGE_BASE = "base/shared-storage"
 STORAGE_KUSTOMIZATION = "shared-storage"
+# The cluster's Capacity Block end time, which every run pod mounts (base/pytorchjob, volume
+# capacity-block) and trainer.launch stops before (trainer/capacity_block.py). A ConfigMap and not a
+# field of the jobs: a new end time reaches running pods without changing any job.
+CAPACITY_BLOCK_CONFIGMAP = "fsdp-capacity-block"
+CAPACITY_BLOCK_FILE = "configmap.capacity-block.yaml"
 # What infra-controllers is health-checked on: the controllers runs and infra-configs need, never a
 # GPU-node DaemonSet (generators/validation/fluxgraph.py check_run_prerequisites holds that).
 RUN_PREREQUISITES: tuple[dict[str, str], ...] = (
@@ -207,10 +212,11 @@ def render_cluster(plan: ClusterPlan, layout: Layout, *, image_automation: bool 
         f"infrastructure/{c}/configs/kustomization.yaml": configs_kustomization(cluster, layout),
         f"infrastructure/{c}/configs/namespace.yaml": run_namespace(cluster),
         f"infrastructure/{c}/configs/pvc.yaml": shared_pvc(cluster),
+        f"infrastructure/{c}/configs/{CAPACITY_BLOCK_FILE}": capacity_block_config(cluster),
         f"infrastructure/{c}/configs/clusterqueue.quota.yaml": kueue_quota_patch(cluster),
         f"infrastructure/{c}/configs/localqueue.namespace.yaml": kueue_namespace_patch(cluster),
     }
-    out.update(render_preflight(cluster, layout))
+    out.update(render_preflight(cluster, layout, KUEUE_QUEUE if cluster.kueue else ""))
     out.update(data)
     for _, pointer, patch_file in GPU_WORKLOADS:
         # The two DaemonSets share one pointer, hence one file.
@@ -484,6 +490,7 @@ def configs_kustomization(cluster: Cluster, layout: Layout) -> dict[str, Any]:
             layout.to_repo(f"infrastructure/{c}/configs", "base/infrastructure/configs"),
             "namespace.yaml",
             "pvc.yaml",
+            CAPACITY_BLOCK_FILE,
             *(preflight_dir(cluster, INSTANCE_TYPES[t]).rsplit("/", 1)[1] for t in cluster.instance_types),
         ],
         "patches": [
@@ -538,6 +545,16 @@ def run_namespace(cluster: Cluster) -> dict[str, Any]:
                 **(dict([KUEUE_NAMESPACE_LABEL]) if cluster.kueue else {}),
             },
         },
+    }
+
+
+def capacity_block_config(cluster: Cluster) -> dict[str, Any]:
+    """ConfigMap fsdp-capacity-block: `end`, the cluster's capacity_block_end ("" without a block)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": CAPACITY_BLOCK_CONFIGMAP, "namespace": cluster.namespace},
+        "data": {"end": cluster.capacity_block_end},
     }
 
 

@@ -11,7 +11,9 @@ The Job runs `python -m trainer.preflight` on two `<t>` nodes of the trainer ima
 and EFA interface of each node, expecting NCCL to use EFA where the instance has EFA (any transport
 otherwise) and an all-reduce bus bandwidth of at least MIN_BUSBW_FRACTION of the instance's network
 bandwidth (trainer.catalog). It fails, and raises the alert FsdpNcclPreflightFailed
-(base/monitoring/configs/prometheusrule-fsdp.yaml), when either does not hold.
+(base/monitoring/configs/prometheusrule-fsdp.yaml), when either does not hold. On a cluster with Kueue
+the Job carries the LocalQueue's label and is admitted like a run, as one gang of two GPU nodes; a check
+that cannot run (no nodes within the deadline, repeated crashes) raises FsdpNcclPreflightNotRun instead.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 from generators.core.writer import JsonPatch
 from generators.matrix.schema import Cluster
 from generators.render.layout import Layout
+from generators.render.runs import QUEUE_LABEL, _ptr
 from trainer.catalog import INSTANCE_TYPES, InstanceType
 
 PREFLIGHT_BASE = "base/preflight"
@@ -50,7 +53,9 @@ def min_busbw_gbs(instance: InstanceType) -> float:
 def preflight_command(instance: InstanceType) -> list[str]:
     name = preflight_name(instance)
     return [
-        "torchrun",
+        "python",
+        "-m",
+        "trainer.launch",
         "--nnodes=2",
         f"--nproc_per_node={instance.num_gpus}",
         "--rdzv-backend=c10d",
@@ -65,7 +70,10 @@ def preflight_command(instance: InstanceType) -> list[str]:
     ]
 
 
-def job_patch(instance: InstanceType) -> JsonPatch:
+def job_patch(instance: InstanceType, queue: str = "") -> JsonPatch:
+    """`queue`: the cluster's Kueue LocalQueue ("" without Kueue): the check waits for two free GPU
+    nodes the way runs do, through Kueue's batch/Job integration, instead of holding one node while the
+    other is busy."""
     name = preflight_name(instance)
     resources: dict[str, int] = {"nvidia.com/gpu": instance.num_gpus}
     if instance.num_efa:
@@ -74,6 +82,7 @@ def job_patch(instance: InstanceType) -> JsonPatch:
         {"op": "test", "path": f"{_CONTAINER}/name", "value": "preflight"},
         {"op": "test", "path": f"{_POD}/volumes/0/name", "value": "shm"},
         {"op": "replace", "path": "/metadata/name", "value": name},
+        *([{"op": "add", "path": f"/metadata/labels/{_ptr(QUEUE_LABEL)}", "value": queue}] if queue else []),
         {"op": "replace", "path": f"{_POD}/subdomain", "value": name},
         {"op": "replace", "path": f"{_POD}/nodeSelector/node.kubernetes.io~1instance-type", "value": instance.name},
         {"op": "replace", "path": f"{_CONTAINER}/command", "value": preflight_command(instance)},
@@ -107,8 +116,9 @@ def preflight_dir(cluster: Cluster, instance: InstanceType) -> str:
     return f"infrastructure/{cluster.name}/configs/preflight-{instance.family}"
 
 
-def render_preflight(cluster: Cluster, layout: Layout) -> dict[str, Any]:
-    """{path relative to the output directory: manifest} for every GPU instance type of the cluster."""
+def render_preflight(cluster: Cluster, layout: Layout, queue: str = "") -> dict[str, Any]:
+    """{path relative to the output directory: manifest} for every GPU instance type of the cluster;
+    `queue`: the cluster's Kueue LocalQueue, "" without Kueue."""
     out: dict[str, Any] = {}
     for type_name in cluster.instance_types:
         instance = INSTANCE_TYPES[type_name]
@@ -126,6 +136,6 @@ def render_preflight(cluster: Cluster, layout: Layout) -> dict[str, Any]:
                 {"path": "service.preflight.yaml", "target": {"version": "v1", "kind": "Service", "name": BASE_NAME}},
             ],
         }
-        out[f"{d}/job.preflight.yaml"] = job_patch(instance)
+        out[f"{d}/job.preflight.yaml"] = job_patch(instance, queue)
         out[f"{d}/service.preflight.yaml"] = service_patch(instance)
     return out

@@ -61,6 +61,9 @@ CHECKPOINT_WRITE_GBPS = 0.5
 STEP_MARGIN_S = 60
 TERM_SLACK_S = 30
 FSDP_GRACE_ENV = "FSDP_TERM_GRACE_S"
+# trainer.launch's guards (trainer/attempts.py, trainer/transport_check.py): the retry bound, counted
+# per pod under the run's metrics folder, and the transport a multi-node EFA run must come up on.
+ATTEMPTS_DIR = "attempts"
 # Of the node's CPUs and memory, what a training pod requests (per GPU share of the node): the rest
 # is for the kubelet, the system and the DaemonSets. Requests make the kubelet evict other pods
 # before a training pod under memory pressure.
@@ -115,6 +118,21 @@ def efa_env(p: Plan) -> list[dict[str, str]]:
     return env
 
 
+def guard_env(p: Plan) -> list[dict[str, str]]:
+    """The environment of trainer.launch's retry bound and transport check for the run."""
+    env = [
+        {"name": "FSDP_MAX_RETRIES", "value": str(p.run.max_retries)},
+        {"name": "FSDP_ATTEMPTS_DIR", "value": posixpath.join(p.trainer.metrics.output_dir, ATTEMPTS_DIR)},
+    ]
+    # Only between nodes, and only where EFA is what NCCL should use.
+    if p.nodes > 1 and p.efa_per_node and p.run.transport_check != "off":
+        env += [
+            {"name": "FSDP_EXPECT_TRANSPORT", "value": "efa"},
+            {"name": "FSDP_TRANSPORT_CHECK", "value": p.run.transport_check},
+        ]
+    return env
+
+
 def checkpoint_write_s(p: Plan) -> float:
     """Seconds to write one checkpoint of the run's model to the shared volume (estimate)."""
     return MODELS[p.model].num_params * CHECKPOINT_BYTES_PER_PARAM / (CHECKPOINT_WRITE_GBPS * 1e9)
@@ -164,6 +182,8 @@ def pytorchjob_patch(p: Plan, queue: str = "") -> JsonPatch:
         {"op": "test", "path": f"{_POD}/volumes/1/name", "value": "train-config"},
         {"op": "test", "path": f"{_WAIT}/name", "value": "wait-for-data"},
         {"op": "replace", "path": "/metadata/name", "value": p.name},
+        # The run's own image: part of its name's hash, never rewritten by the image automation.
+        {"op": "replace", "path": f"{_CONTAINER}/image", "value": p.run.image},
     ]
     if queue:
         # Kueue suspends the job until the cluster's quota covers all of its pods, then admits it whole.
@@ -197,7 +217,7 @@ def pytorchjob_patch(p: Plan, queue: str = "") -> JsonPatch:
             "value": {"name": "FSDP_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         },
     ]
-    for var in efa_env(p):
+    for var in efa_env(p) + guard_env(p):
         ops.append({"op": "add", "path": f"{_CONTAINER}/env/-", "value": var})
     port = p.trainer.metrics.prometheus_port
     if port:
