@@ -30,6 +30,7 @@ from generators.validation.manifests import (
     obj_name,
     under,
 )
+from generators.validation.operator_fields import check_operator_fields
 from generators.validation.podsecurity import check_pod_security
 from generators.validation.readability import check_readability
 from generators.validation.schemas import (
@@ -49,7 +50,13 @@ from generators.validation.trainjob import as_trainjob, compose_trainjobs, objec
 # Checks run on the documents of every unit (one kustomize build, or one plain manifest file); `blame`
 # names the input file that set a field of a document.
 ObjectCheck = Callable[[Sequence[Doc], Blame], list[Problem]]
-OBJECT_CHECKS: list[ObjectCheck] = [check_objects, check_pod_security, check_readability, check_kueue_values]
+OBJECT_CHECKS: list[ObjectCheck] = [
+    check_objects,
+    check_pod_security,
+    check_readability,
+    check_kueue_values,
+    check_operator_fields,
+]
 
 
 @dataclass

@@ -82,7 +82,9 @@ def _runs_as_non_root(*contexts: Mapping[str, Any]) -> bool:
 
 def privileges(pod: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str]]:
     """(JSON path in the pod spec, privilege) for everything the pod asks of the node."""
-    found = [((key,), key) for key in ("hostNetwork", "hostPID", "hostIPC") if pod.get(key) is True]
+    found: list[tuple[tuple[str, ...], str]] = [
+        ((key,), key) for key in ("hostNetwork", "hostPID", "hostIPC") if pod.get(key) is True
+    ]
     for i, v in enumerate(pod.get("volumes") or []):
         if isinstance(v, dict) and isinstance(v.get("hostPath"), dict):
             path = str(v["hostPath"].get("path") or "")
@@ -101,8 +103,10 @@ def privileges(pod: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str]]:
             if not _runs_as_non_root(pod_ctx, ctx):
                 found.append((at, "root"))
     # One line per privilege and pod: "root" of several containers is one finding.
-    seen: set[str] = set()
-    return [(at, p) for at, p in found if not (p in seen or seen.add(p))]
+    first: dict[str, tuple[str, ...]] = {}
+    for keys, p in found:
+        first.setdefault(p, keys)
+    return [(keys, p) for p, keys in first.items()]
 
 
 def _advice(privilege: str) -> str:
@@ -117,7 +121,7 @@ def _advice(privilege: str) -> str:
 
 def check_pod_security(docs: Sequence[Doc], blame: Blame = lambda doc, keys: doc.file) -> list[Problem]:
     """Host access, privilege and root in every pod spec; plain-text Secrets dressed as SOPS files."""
-    problems = []
+    problems: list[Problem] = []
     for d in docs:
         data = d.data
         if not isinstance(data, dict):
@@ -129,12 +133,14 @@ def check_pod_security(docs: Sequence[Doc], blame: Blame = lambda doc, keys: doc
         )
         for at, pod in pod_specs(data):
             for keys, privilege in privileges(pod):
-                # A privileged PyTorchJob pod is reported by the job checks (semantics.py) already.
-                if privilege in allowed or (privilege == "privileged" and gvk(data) == PYTORCHJOB):
+                # A privileged PyTorchJob container is reported by the job checks (semantics.py) already;
+                # they look at `containers` only, so init and ephemeral containers are reported here.
+                reported = privilege == "privileged" and gvk(data) == PYTORCHJOB and keys[0] == "containers"
+                if privilege in allowed or reported:
                     continue
                 bad(at + keys, f"{privilege.replace(':', ' ', 1)} is not allowed here; {_advice(privilege)}")
         if gvk(data) == ("", "Secret") and "sops" in data:
-            sops = data.get("sops") if isinstance(data.get("sops"), dict) else {}
+            sops = data["sops"] if isinstance(data["sops"], dict) else {}
             for section in ("data", "stringData"):
                 for key, value in (data.get(section) or {}).items():
                     if not (isinstance(value, str) and SOPS_VALUE.match(value)):
