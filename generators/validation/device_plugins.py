@@ -62,7 +62,7 @@ def _tolerates(tolerations: Iterable[Mapping[str, Any]], taint: Mapping[str, Any
 
 
 def _expression_matches(expr: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    key, op, values = expr.get("key"), expr.get("operator"), [str(v) for v in expr.get("values") or []]
+    key, op, values = str(expr.get("key") or ""), expr.get("operator"), [str(v) for v in expr.get("values") or []]
     if op == "In":
         return key in labels and labels[key] in values
     if op == "NotIn":

@@ -142,7 +142,8 @@ class RepoIndex:
         return self._refs[d]
 
     def _local_refs(self, d: str) -> tuple[list[str], list[str]]:
-        dirs, files = [], []
+        dirs: list[str] = []
+        files: list[str] = []
         resources, others = kustomization_refs(self.kustomization(d))
         for ref in resources + others:
             if is_remote(ref):

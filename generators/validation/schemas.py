@@ -154,9 +154,11 @@ def kubeconform_units(
     problems: list[Problem] = []
     with tempfile.TemporaryDirectory(prefix="validate-") as tmp:
         paths = []
-        for i, u in enumerate(units):
+        for i, unit in enumerate(units):
             p = Path(tmp, f"{i:05d}.yaml")
-            p.write_text(u.raw or "".join(f"---\n{json.dumps(_for_schema(d.data), default=str)}\n" for d in u.docs))
+            p.write_text(
+                unit.raw or "".join(f"---\n{json.dumps(_for_schema(d.data), default=str)}\n" for d in unit.docs)
+            )
             paths.append(str(p))
         args = [
             tool("kubeconform"),

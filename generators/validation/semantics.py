@@ -88,8 +88,8 @@ def looks_secret(value: Any) -> bool:
 
 def secret_problems(c: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str]]:
     """(JSON path in the container, message) for each secret written inline in a container."""
-    out = []
-    texts = [(("command",), "command", x) for x in c.get("command") or []] + [
+    out: list[tuple[tuple[str, ...], str]] = []
+    texts: list[tuple[tuple[str, ...], str, Any]] = [(("command",), "command", x) for x in c.get("command") or []] + [
         (("args",), "args", x) for x in c.get("args") or []
     ]
     for i, e in enumerate(c.get("env") or []):
@@ -143,7 +143,7 @@ def reporter(problems: list[Problem], doc: Doc, blame: Blame) -> Callable[[tuple
 def check_objects(docs: Sequence[Doc], blame: Blame = lambda doc, keys: doc.file) -> list[Problem]:
     """Checks that apply to every object: images, inline secrets, unencrypted Secrets. `blame` names the
     file that holds a field (for a build: the input file that set it)."""
-    problems = []
+    problems: list[Problem] = []
     for d in docs:
         data = d.data
         if not isinstance(data, dict):
