@@ -221,3 +221,22 @@ def test_big_files_copied_in_kernel_give_the_same_layer(tmp_path: Path) -> None:
         out.write(b"p" * 512)  # not at the file's start, as inside an archive
         assert image.write_layer(entries, out) == expected
     assert (tmp_path / "layer.tar").read_bytes()[512:] == memory.getvalue()
+
+
+def test_delta_archive_leaves_out_the_present_layers(tmp_path: Path) -> None:
+    sources = [lambda: [Entry("opt/big", "file", data=b"b" * 70000)], lambda: [Entry("opt/code.py", "file", data=b"1")]]
+    archive = tmp_path / "image.tar"
+    with open(archive, "wb") as out:
+        digest, placed = image.write_archive(
+            out, "localhost/x/y:test-1", sources, image._image_config("", {}, "/", None, None)
+        )
+    img = image.Image(archive, "localhost/x/y:test-1", digest)
+    assert image.delta_archive(img, ["sha256:" + "1" * 64]) == archive  # nothing of the image is present
+    delta = image.delta_archive(img, [placed[0].digest, "sha256:" + "1" * 64])
+    with tarfile.open(archive) as full, tarfile.open(delta) as part:
+        left_out = f"blobs/sha256/{placed[0].digest[7:]}"
+        assert set(full.getnames()) - set(part.getnames()) == {left_out}
+        for member in part.getmembers():
+            if member.isfile():
+                assert part.extractfile(member).read() == full.extractfile(member.name).read()  # type: ignore[union-attr]
+    assert image.read_archive(delta)["manifest"] == image.read_archive(archive)["manifest"]

@@ -19,6 +19,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tarfile
 import tempfile
 import time
 from collections.abc import Iterator
@@ -195,7 +196,7 @@ def containerd(tmp_path: Path) -> Iterator[Path]:
             proc.wait()
 
 
-def test_containerd_imports_the_archives(containerd: Path) -> None:
+def test_containerd_imports_the_archives(containerd: Path, tmp_path: Path) -> None:
     ctr = [str(build.binary("ctr")), "--address", str(containerd), "-n", "k8s.io"]
     for img in (image.utility_image(), image.pause_image()):
         proc = subprocess.run([*ctr, "images", "import", str(img.archive)], capture_output=True, text=True, timeout=120)
@@ -203,3 +204,25 @@ def test_containerd_imports_the_archives(containerd: Path) -> None:
         listing = subprocess.run([*ctr, "images", "ls"], capture_output=True, text=True, check=True).stdout
         rows = {line.split()[0]: line.split()[2] for line in listing.splitlines()[1:]}
         assert rows[img.name] == img.digest, listing
+    # An image whose first layer containerd already holds, imported from the archive without that blob.
+    utility = image.utility_image()
+    info = image.read_archive(utility.archive)
+    with tarfile.open(utility.archive) as tar:
+        (base,) = info["manifest"]["layers"]
+        offset = tar.getmember(f"blobs/sha256/{base['digest'][7:]}").offset_data
+    sources = [
+        image.Layer(utility.archive, base["digest"], base["size"], offset),
+        lambda: [image.Entry("opt/new", "file", data=b"new")],
+    ]
+    archive = tmp_path / "changed.tar"
+    with open(archive, "wb") as out:
+        digest, _ = image.write_archive(out, "localhost/fsdp-gitops/changed:test-1", sources, info["config"])
+    delta = image.delta_archive(image.Image(archive, "localhost/fsdp-gitops/changed:test-1", digest), [base["digest"]])
+    assert delta.stat().st_size < base["size"]
+    proc = subprocess.run([*ctr, "images", "import", str(delta)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    check = subprocess.run([*ctr, "images", "check"], capture_output=True, text=True, check=True).stdout
+    assert any(
+        line.startswith("localhost/fsdp-gitops/changed:test-1 ") and "complete (3/3)" in line
+        for line in check.splitlines()
+    ), check

@@ -1145,6 +1145,36 @@ def unpack(archive: Path, dest: Path) -> None:
                 inner.extractall(dest, numeric_owner=True, filter="fully_trusted")
 
 
+def delta_archive(img: Image, present: Iterable[str]) -> Path:
+    """`img`'s archive without the layer blobs whose digests are in `present` (what a containerd
+    content store already holds, e.g. `ctr content ls -q`). `ctr images import` of it registers the
+    same image (name, manifest digest) and unpacks it from the blobs the store has; it matters because
+    ctr streams every blob of an archive into the store before it finds the blob already there, so
+    re-importing a trainer image whose code layer alone changed would copy gigabytes again.
+    Cached beside the archive; returns the archive itself when nothing is left out."""
+    layers = {la["digest"] for la in read_archive(img.archive)["manifest"]["layers"]}
+    skip = sorted(layers & set(present))
+    if not skip:
+        return img.archive
+    path = img.archive.with_name(f"delta-{_sha(' '.join(skip))[:16]}.tar")
+    if path.is_file():
+        return path
+    skipped = {f"blobs/sha256/{d.split(':', 1)[1]}" for d in skip}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with tarfile.open(img.archive) as tar, open(tmp, "wb") as out:
+            for member in tar.getmembers():
+                if member.name in skipped:
+                    continue
+                end = member.offset_data + (member.size + 511) // 512 * 512 if member.isfile() else member.offset_data
+                _copy_range(out, Layer(img.archive, "", end - member.offset, member.offset))
+            out.write(b"\0" * 1024)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
 def main(argv: list[str]) -> int:
     try:
         if argv[:1] == ["--print"]:
