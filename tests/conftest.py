@@ -35,6 +35,8 @@ def unit_of(nodeid: str) -> str:
     """The unit of work a test belongs to: its module, or its control plane under tests/cluster/."""
     path = nodeid.split("::", 1)[0]
     if path.startswith("tests/cluster/"):
+        if path.startswith("tests/cluster/test_realpods_"):
+            return "realpods"  # real containers: one level at a time on one worker (module fixtures)
         if path.endswith("test_cluster_kueue.py"):
             return "kueue"  # a control plane of its own: its Kueue webhooks would hold the others' runs
         if path.endswith("test_cluster_flux.py"):

