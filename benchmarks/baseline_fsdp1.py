@@ -51,9 +51,10 @@ def main(model_name: str, seq_len: int, batch_size: int, warmup: int, steps: int
     arch = MODELS[model_name]
     torch.manual_seed(0)
     with torch.device("cuda"):
-        model = LlamaForCausalLM(LlamaConfig(**arch.hf_config(), attn_implementation="sdpa"))
+        # attn_implementation is one of PretrainedConfig's keyword arguments, not LlamaConfig's own.
+        model = LlamaForCausalLM(LlamaConfig(**{**arch.hf_config(), "attn_implementation": "sdpa"}))
     bf16 = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16, buffer_dtype=torch.bfloat16)
-    model = FSDP(
+    sharded = FSDP(
         model,
         auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={LlamaDecoderLayer}),
         mixed_precision=bf16,
@@ -63,17 +64,17 @@ def main(model_name: str, seq_len: int, batch_size: int, warmup: int, steps: int
         use_orig_params=False,
     )
     apply_activation_checkpointing(
-        model,
+        sharded,
         checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
         check_fn=lambda m: isinstance(m, LlamaDecoderLayer),
     )
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(sharded.parameters(), lr=1e-5, weight_decay=0.0)
     gen = torch.Generator(device="cuda").manual_seed(1 + dist.get_rank())
 
     def step(_: int) -> None:
         tokens = torch.randint(0, arch.vocab_size, (batch_size, seq_len), device="cuda", generator=gen)
         # The model shifts labels by one position itself, as in llama-recipes.
-        loss = model(input_ids=tokens, labels=tokens).loss
+        loss = sharded(input_ids=tokens, labels=tokens).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -242,7 +242,7 @@ def main(
         # As trainer.train does after its first step: the buffers are allocated while training goes on.
         t0 = time.perf_counter()
         checkpointer.prepare(model, optimizer)
-        during = []
+        during: list[float] = []
         while checkpointer._staging.preparing and len(during) < 500:
             during.append(step())
         checkpointer._staging._take_prepared()

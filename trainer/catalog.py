@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,7 +57,7 @@ class Architecture:
 
     def hf_config(self) -> dict:
         """Keyword arguments for transformers.LlamaConfig."""
-        out = dict(
+        out: dict[str, Any] = dict(
             vocab_size=self.vocab_size,
             hidden_size=self.hidden_size,
             intermediate_size=self.intermediate_size,

@@ -299,7 +299,7 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise ConfigError(key, "is required")
             continue
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             kwargs[name] = _build(tp, data[name], key)
         else:
             kwargs[name] = _coerce(data[name], tp, key)

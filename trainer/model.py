@@ -125,7 +125,7 @@ def architecture(config: LlamaConfig, name: str) -> Architecture:
         num_layers=config.num_hidden_layers,
         hidden_size=config.hidden_size,
         num_heads=config.num_attention_heads,
-        num_kv_heads=config.num_key_value_heads,
+        num_kv_heads=config.num_key_value_heads or config.num_attention_heads,
         intermediate_size=config.intermediate_size,
         vocab_size=config.vocab_size,
         max_position_embeddings=config.max_position_embeddings,
@@ -171,7 +171,9 @@ def _local_view(param: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
 @torch.no_grad()
 def init_random_weights(model: torch.nn.Module, seed: int) -> None:
     """Hugging Face's Llama init (normal(0, initializer_range) matrices, unit norms), sharding-independent."""
-    std = model.config.initializer_range
+    config = model.config
+    assert isinstance(config, LlamaConfig), type(config)
+    std = config.initializer_range
     for name, param in named_parameters_once(model):
         local, offset = _local_view(param)
         if param.dim() == 1:
@@ -314,7 +316,9 @@ def export_hf(
             weight_map.update({n: final for n in names})
         with open(os.path.join(tmp, "model.safetensors.index.json"), "w", encoding="utf-8") as fh:
             json.dump({"metadata": {"total_size": total_bytes}, "weight_map": weight_map}, fh, indent=2)
-    config = LlamaConfig.from_dict(model.config.to_dict())
+    trained = model.config
+    assert isinstance(trained, LlamaConfig), type(trained)
+    config = LlamaConfig.from_dict(trained.to_dict())
     config.architectures = ["LlamaForCausalLM"]
     config.dtype = dtype
     config.save_pretrained(tmp)

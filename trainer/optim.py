@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import gc
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -82,7 +82,7 @@ class AdamWBf16State(torch.optim.Optimizer):
         weight_decay: float = 0.0,
     ):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
-        self._compiled = None
+        self._compiled: Callable[..., None] | None = None
         # load_state_dict casts every state tensor to its parameter's dtype (fp32): put the moments
         # back in bf16, so a run resumed through it keeps the memory it was planned with.
         self.register_load_state_dict_post_hook(_moments_to_bf16)
@@ -229,10 +229,11 @@ def train_step(
     # into the sum over all trained tokens divided by their number.
     scale = dp_size / num_loss_tokens
     loss_sum = torch.zeros((), dtype=torch.float32, device=device)
-    defer = grad_sync != "every" and len(micro_batches) > 1 and hasattr(model, "set_requires_gradient_sync")
+    set_sync = getattr(model, "set_requires_gradient_sync", None)  # an FSDP module's
+    defer = grad_sync != "every" and len(micro_batches) > 1 and set_sync is not None
     for i, batch in enumerate(micro_batches):
-        if defer:
-            model.set_requires_gradient_sync(i == len(micro_batches) - 1)
+        if defer and set_sync is not None:
+            set_sync(i == len(micro_batches) - 1)
         loss = model(
             batch.input_ids,
             batch.targets,
