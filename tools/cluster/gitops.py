@@ -146,11 +146,11 @@ def prepare(work: Path, server: str, webhook_port: int) -> Clone:
         capture_output=True,
         text=True,
     ).stdout.split("\0")
-    for f in filter(None, files):
-        src = harness.REPO_ROOT / f
+    for rel in filter(None, files):
+        src = harness.REPO_ROOT / rel
         if src.is_file():
-            (repo / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, repo / f)
+            (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, repo / rel)
     host = server.removeprefix("http://")
     repo_url = f"{server}/git/fsdp-gitops.git"
     upstream = yaml.safe_load((repo / "matrix.yaml").read_text())["repository"]["url"]
@@ -327,7 +327,9 @@ def not_ready(cluster: harness.Cluster) -> dict[str, str]:
     out = {}
     for kind in ("kustomizations.kustomize.toolkit.fluxcd.io", "helmreleases.helm.toolkit.fluxcd.io"):
         for item in cluster.get(kind)["items"]:
-            ready = next((c for c in item.get("status", {}).get("conditions", []) if c["type"] == "Ready"), {})
+            ready: dict[str, Any] = next(
+                (c for c in item.get("status", {}).get("conditions", []) if c["type"] == "Ready"), {}
+            )
             if ready.get("status") != "True":
                 out[f"{item['kind']}/{item['metadata']['namespace']}/{item['metadata']['name']}"] = ready.get(
                     "message", "no status yet"

@@ -41,7 +41,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -164,7 +164,7 @@ class Cluster:
     def _start(
         self,
         name: str,
-        args: list[str],
+        args: Sequence[object],
         env: dict[str, str] | None = None,
         private_ns: bool = False,
         mounts: Iterable[tuple[Path | str, str]] = (),

@@ -17,7 +17,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,7 +75,10 @@ STARTED: list[int] = []
 PORTS: set[int] = set()
 
 
-def start(name: str, args: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None) -> Process:
+def start(
+    name: str, args: Sequence[object], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> Process:
+    """Start `args` (each turned into a string) in a session of its own, output appended to `log`."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
         popen = subprocess.Popen(
