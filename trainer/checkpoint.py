@@ -44,6 +44,7 @@ hold file is removed: a window, opened and closed by the test, in which a save i
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import random
@@ -259,6 +260,31 @@ class StopRequest:
         return bool(flag.item())
 
 
+def _libcudart() -> ctypes.CDLL | None:
+    """The CUDA runtime torch loaded, called through ctypes, which lets go of the GIL during the call."""
+    global _CUDART
+    if _CUDART is None:
+        try:
+            with open("/proc/self/maps", encoding="utf-8") as fh:
+                path = next((line.split()[-1] for line in fh if "libcudart.so" in line), "")
+            _CUDART = ctypes.CDLL(path) if path else False
+        except OSError:
+            _CUDART = False
+    return _CUDART or None
+
+
+_CUDART: ctypes.CDLL | bool | None = None
+
+
+def _host_register(ptr: int, nbytes: int) -> int:
+    """cudaHostRegister(ptr, nbytes, portable); torch's own binding holds the GIL while the pages are
+    faulted in and locked (seconds per GiB on a fresh VM), which would stop the training thread too."""
+    lib = _libcudart()
+    if lib is None:
+        return int(torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 1))
+    return int(lib.cudaHostRegister(ctypes.c_void_p(ptr), ctypes.c_size_t(nbytes), ctypes.c_uint(1)))
+
+
 class HostStaging:
     """A copy of a state dict in host memory that a background thread can write while training goes on.
 
@@ -288,8 +314,11 @@ class HostStaging:
         if not self.pinned or self._cache is not None or self._preparing is not None:
             return
 
+        device = torch.cuda.current_device()
+
         def run() -> None:
             try:
+                torch.cuda.set_device(device)  # a new thread's current device is 0
                 self._prepared = self._empty_like(state)
             except BaseException as err:  # noqa: BLE001 - raised by the save that needs the buffers
                 self._prepare_error = err
@@ -315,7 +344,7 @@ class HostStaging:
         host = torch.empty(t.shape, dtype=t.dtype)
         self.bytes += host.numel() * host.element_size()
         if self.pinned and host.numel():
-            rc = int(torch.cuda.cudart().cudaHostRegister(host.data_ptr(), host.numel() * host.element_size(), 1))
+            rc = _host_register(host.data_ptr(), host.numel() * host.element_size())
             if rc != 0:
                 raise RuntimeError(f"cudaHostRegister of {host.numel() * host.element_size()} bytes failed ({rc})")
             self._registered.append(host)

@@ -202,7 +202,7 @@ class CheckpointConfig:
     async_mode: Literal["disabled", "async", "async_with_pinned_mem"] = "async_with_pinned_mem"
     # Threads each rank writes its shard files with (DCP FileSystemWriter thread_count), in the
     # background or, with async_mode disabled, while training waits.
-    writer_threads: int = 4
+    writer_threads: int = 8
 
     def __post_init__(self) -> None:
         _require(self.interval_steps >= 0, "checkpoint.interval_steps", "must be 0 (end only) or positive")
