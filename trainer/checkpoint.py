@@ -210,7 +210,8 @@ def compare_configs(
     optimizer state, and the sampler's position counts global rows, not per-rank ones.
     """
     old, new = _flatten(saved), _flatten(current)
-    refused, accepted = [], []
+    refused: list[str] = []
+    accepted: list[str] = []
     for key in sorted(set(old) | set(new)):
         if key.startswith(QUIET_SECTIONS) or key == "model.init_seed" or old.get(key) == new.get(key):
             continue
@@ -270,7 +271,7 @@ def _libcudart() -> ctypes.CDLL | None:
             _CUDART = ctypes.CDLL(path) if path else False
         except OSError:
             _CUDART = False
-    return _CUDART or None
+    return _CUDART if isinstance(_CUDART, ctypes.CDLL) else None
 
 
 _CUDART: ctypes.CDLL | bool | None = None
@@ -498,7 +499,7 @@ class Checkpointer:
 
     def _newest(self) -> tuple[str | None, list[str]]:
         """(newest loadable checkpoint, lines saying which newer ones were set aside); rank 0 only."""
-        notes = []
+        notes: list[str] = []
         for _, path in reversed(complete_checkpoints(self.cfg.dir)):
             if path in self._rejected:
                 continue
@@ -774,6 +775,7 @@ class Checkpointer:
         """
         t0 = time.perf_counter()
         in_place = True
+        state: dict[str, Any]
         if optimizer is None:
             state = {"model": get_model_state_dict(model)}
             dcp.load(state, checkpoint_id=path)

@@ -199,7 +199,7 @@ def _extend_worker_grace(grace_s: float) -> None:
         return close(self, death_sig, max(timeout, grace_s) if signalled else timeout)
 
     api._terminate_process_handler = remember
-    api.PContext.close = close_with_grace
+    api.PContext.close = close_with_grace  # type: ignore[method-assign]  # patched on purpose: see above
 
 
 def _keep_rendezvous_handlers() -> list:

@@ -224,7 +224,7 @@ def train(cfg: TrainConfig, env: DistEnv) -> int:
             "config": to_dict(cfg),
             "world_size": env.world_size,
             "local_world_size": env.local_world_size,
-            "mesh": dict(zip(mesh.mesh_dim_names, mesh.shape, strict=True)),
+            "mesh": dict(zip(mesh.mesh_dim_names or (), mesh.shape, strict=True)),
             "device": str(device),
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "num_params": arch.num_params,
@@ -265,7 +265,7 @@ def train(cfg: TrainConfig, env: DistEnv) -> int:
     stopping = False
     for step in range(start_step + 1, steps + 1):
         micro_batches = [dataset.batch(sampler.next_rows()).to(device) for _ in range(accum)]
-        lr = scheduler.get_last_lr()[0]
+        lr = float(scheduler.get_last_lr()[0])
         result = train_step(model, optimizer, micro_batches, cfg.training, env.world_size, cfg.parallelism.grad_sync)
         scheduler.step()
         if step == start_step + 1:
