@@ -798,15 +798,19 @@ def _context_files(copies: list[tuple[str, str]]) -> list[tuple[str, Path]]:
     return out
 
 
-def _code_layer(files: list[tuple[str, Path]], workdir: str) -> Callable[[], list[Entry]]:
-    def make() -> list[Entry]:
-        entries = [Entry(workdir.strip("/"), "dir")]
-        for target, path in files:
-            mode = 0o755 if os.stat(path).st_mode & 0o111 else 0o644
-            entries.append(Entry(target, "file", mode, data=path.read_bytes()))
-        return entries
+def _code_entries(files: list[tuple[str, Path]], workdir: str) -> list[Entry]:
+    """The code layer's entries, read once: the cache key hashes exactly the bytes that are packed,
+    even while someone edits trainer/."""
+    entries = [Entry(workdir.strip("/"), "dir")]
+    for target, path in files:
+        mode = 0o755 if os.stat(path).st_mode & 0o111 else 0o644
+        entries.append(Entry(target, "file", mode, data=path.read_bytes()))
+    return entries
 
-    return make
+
+def _code_layer(files: list[tuple[str, Path]], workdir: str) -> Callable[[], list[Entry]]:
+    entries = _code_entries(files, workdir)
+    return lambda: entries
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1075,11 +1079,11 @@ def trainer_image() -> Image:
     python_version = next(d.version for d in resolve_debs(BASE_PACKAGES) if d.package == "python3.11-minimal")
     python_version = python_version.split("-")[0]
     dists, venv_key = _venv_inputs(cfg.pins)
-    files = _context_files(cfg.copies)
+    code = _code_entries(_context_files(cfg.copies), cfg.workdir)
     code_hash = hashlib.sha256()
-    for target, path in files:
-        code_hash.update(f"{target} {os.stat(path).st_mode & 0o111 != 0}\n".encode())
-        code_hash.update(hashlib.sha256(path.read_bytes()).digest())
+    for e in code:
+        code_hash.update(f"{e.path} {e.kind} {e.mode:o}\n".encode())
+        code_hash.update(hashlib.sha256(e.data or b"").digest())
     src = _builder_source()
     specs = [
         _base_spec(cfg),
@@ -1089,9 +1093,7 @@ def trainer_image() -> Image:
             _sha(json.dumps([src, "venv", cfg.venv_from, python_version, venv_key])),
             _venv_layer(dists, cfg.venv_from, python_version),
         ),
-        LayerSpec(
-            "code", _sha(json.dumps([src, "code", cfg.workdir, code_hash.hexdigest()])), _code_layer(files, cfg.workdir)
-        ),
+        LayerSpec("code", _sha(json.dumps([src, "code", cfg.workdir, code_hash.hexdigest()])), lambda: code),
     ]
     return _image("trainer", specs, trainer_config(cfg))
 
