@@ -8,6 +8,7 @@
     img = image.trainer_image()      # Image(archive, name="localhost/fsdp-gitops/trainer:test-<hash>", digest)
     image.pause_image()              # the pause program alone, Entrypoint ["/pause"] (the sandbox image)
     image.utility_image()            # busybox + dash + a Python nslookup, for init containers
+    image.delta_archive(img, present_digests)   # the archive without blobs containerd already holds
 
 Each function returns an `Image`: `archive` is an OCI image layout packed as one tar with uncompressed
 layers, importable with `ctr -n k8s.io images import <archive>`; its index.json names the image
