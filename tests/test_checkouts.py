@@ -1,6 +1,7 @@
 """Two clones of the repository and one virtual environment: each clone's `python generators/<command>.py`
 runs that clone's code, even with the other clone installed in the environment (`pip install -e`, as
-tools/setup.sh does), and still runs once the installed clone is gone.
+tools/setup.sh does), and still runs once the installed clone is gone; a console script (fsdp-expand)
+started in the other clone stops in one line naming both checkouts and the fix.
 
 The environment is a real venv created here; the repository's dependencies reach it through a .pth
 file naming this interpreter's site-packages, and clone A is installed into it by pip in editable
@@ -69,6 +70,19 @@ def test_the_environment_imports_clone_a(setup: tuple[Path, Path, Path], tmp_pat
     # The console scripts keep working: they run the installed clone.
     listed = run(python.parent / "fsdp-expand", "matrix.yaml", "--list", cwd=a)
     assert listed.returncode == 0 and "llama2-7b" in listed.stdout, listed.stdout + listed.stderr
+
+
+def test_a_console_script_started_in_the_other_clone_stops_naming_both(setup: tuple[Path, Path, Path]) -> None:
+    a, b, python = setup
+    out = b / "overlays"
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    result = run(python.parent / "fsdp-expand", "matrix.yaml", cwd=b)
+    assert result.returncode == 2, result.stdout + result.stderr
+    (line,) = result.stderr.splitlines()
+    assert f"runs the code of {a}" in line and f"in the checkout {b}" in line, line
+    assert f"python generators/expand.py` in {b}" in line, line
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+    assert run("git", "status", "--porcelain", cwd=a).stdout == ""  # nothing written into clone A either
 
 
 def test_each_clone_generates_with_its_own_code(setup: tuple[Path, Path, Path], tmp_path: Path) -> None:

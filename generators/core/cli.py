@@ -15,7 +15,7 @@ from typing import IO, Any
 
 import click
 
-from generators.core import outdir, writer
+from generators.core import checkout, outdir, writer
 from generators.core.errors import InputError, ToolError
 
 EXIT_BAD_INPUT = 2
@@ -43,11 +43,13 @@ class Failure(click.ClickException):
 
 
 def errors_to_exit_codes(command: Callable[..., None]) -> Callable[..., None]:
-    """Decorate a command body: InputError -> BadInput (exit 2), ToolError -> Failure (exit 1)."""
+    """Decorate a command body: InputError -> BadInput (exit 2), ToolError -> Failure (exit 1). A console
+    script started in another checkout than the installed one stops first (checkout.py)."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> None:
         try:
+            checkout.check_console_script()
             command(*args, **kwargs)
         except InputError as err:
             raise BadInput(str(err)) from None
