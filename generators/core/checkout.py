@@ -38,6 +38,5 @@ def check_console_script(argv0: str | None = None, cwd: Path | None = None) -> N
     command = script.removeprefix("fsdp-")
     raise InputError(
         f"{script} runs the code of {CODE_ROOT} (installed), but the working directory is in the checkout {here}",
-        key=script,
         fix=f"run `python generators/{command}.py` in {here}, or install it with `pip install -e {here}`",
     )
