@@ -18,6 +18,7 @@ import gc
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import overload
 
 import torch
 import torch.distributed as dist
@@ -94,8 +95,20 @@ class AdamWBf16State(torch.optim.Optimizer):
             self._compiled = torch.compile(_adamw_bf16_update, dynamic=True, fullgraph=True)
         return self._compiled
 
+    @overload
+    def step(self, closure: None = None) -> None: ...
+
+    @overload
+    def step(self, closure: Callable[[], float]) -> float: ...
+
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        """One AdamW update of every parameter with a gradient; `closure` (torch's convention) recomputes
+        and returns the loss first."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
         for group in self.param_groups:
             scalars: dict[tuple[torch.device, float], tuple[torch.Tensor, ...]] = {}
             for p in group["params"]:
@@ -127,6 +140,7 @@ class AdamWBf16State(torch.optim.Optimizer):
                 self._update_fn(param.device)(
                     param, _local(p.grad), _local(state["exp_avg"]), _local(state["exp_avg_sq"]), *scalars[key]
                 )
+        return loss
 
 
 def settle_heap() -> None:
