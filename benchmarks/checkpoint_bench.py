@@ -74,6 +74,7 @@ def _rss_bytes() -> int:
 @click.option("--async-threads", default=8, show_default=True, help="Writer threads of the asynchronous saves.")
 @click.option("--stage-only", is_flag=True, help="Measure the blocking part of async saves only; no write, no load.")
 @click.option("--only-sync", is_flag=True, help="Measure the synchronous saves only.")
+@click.option("--skip-load", is_flag=True, help="Do not measure the load.")
 @click.option(
     "--no-prepare", is_flag=True, help="Do not allocate the pinned buffers ahead (the first save allocates them)."
 )
@@ -91,6 +92,7 @@ def main(
     async_threads: int,
     stage_only: bool,
     only_sync: bool,
+    skip_load: bool,
     no_prepare: bool,
     name: str,
     json_path: str | None,
@@ -285,7 +287,7 @@ def main(
             state_bytes=state_bytes(),
         )
     checkpointer._staging.close()  # free the pinned copy before the load and the synchronous saves
-    if path:
+    if path and not skip_load:
         load(path, checkpointer)
     checkpointer.close()
 

@@ -34,7 +34,7 @@ speed)
     ;;
 ckpt)
     info 2>&1 | tee "$out/info.txt"
-    tr benchmarks/checkpoint_bench.py --model llama2-7b --dir /dev/shm/ckpt --async-saves 2 --threads "${THREADS:-4,8,16,1}" \
+    tr benchmarks/checkpoint_bench.py --model llama2-7b --dir /dev/shm/ckpt --async-saves 2 --threads "${THREADS-4,8,16,1}" ${CKPT_FLAGS:-} \
         --async-threads "${ASYNC_THREADS:-4}" --set training.bf16_optimizer_state=true --set parallelism.compile=false \
         --name bf16-moments --json "$out/ckpt.jsonl" 2>&1 | tee "$out/bf16.log" | grep -E "^==|Error|error"
     free -g | head -2

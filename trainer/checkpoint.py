@@ -345,6 +345,9 @@ class HostStaging:
         host = torch.empty(t.shape, dtype=t.dtype)
         self.bytes += host.numel() * host.element_size()
         if self.pinned and host.numel():
+            # Fault the pages in first, outside the driver: cudaHostRegister holds a lock that stops the
+            # training thread's CUDA calls, for seconds per GiB if it has to bring the pages in itself.
+            host.zero_()
             rc = _host_register(host.data_ptr(), host.numel() * host.element_size())
             if rc != 0:
                 raise RuntimeError(f"cudaHostRegister of {host.numel() * host.element_size()} bytes failed ({rc})")
