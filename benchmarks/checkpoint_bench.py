@@ -15,8 +15,8 @@ into --dir and measures, per rank 0:
 Every checkpoint is removed once measured, so the folder needs room for one (a tmpfs such as /dev/shm
 takes host memory: one checkpoint there and the pinned staging copy together need twice the state).
 --stage-only measures the blocking part alone, without writing (for a state too large to be held
-twice in host memory). Results are printed and appended as JSON lines (--json); fields in
-benchmarks/results/README-checkpoint.md.
+twice in host memory). Results are printed and appended as JSON lines (--json); the fields are
+described in benchmarks/reports/2026-12-01-checkpoints.md.
 
     torchrun --standalone --nproc_per_node=1 benchmarks/checkpoint_bench.py --model llama2-7b \\
         --dir /dev/shm/ckpt --set training.bf16_optimizer_state=true --threads 1,8 --json ckpt.jsonl
