@@ -1000,6 +1000,11 @@ def _prune(kind: str) -> None:
     kept = sorted(images.glob(f"{kind}-*/image.json"), key=lambda p: p.stat().st_mtime, reverse=True)
     for meta in kept[KEEP:]:
         shutil.rmtree(meta.parent, ignore_errors=True)
+    for folder in images.glob(f"{kind}-*"):
+        if not (folder / "image.json").exists():  # a build that failed (no build runs: we hold the lock)
+            shutil.rmtree(folder, ignore_errors=True)
+    for stale in (images / "layers").glob("*.tar"):  # layer files of an earlier layout
+        stale.unlink(missing_ok=True)
     for record in (images / "layers").glob("*.json"):
         with contextlib.suppress(OSError, ValueError, KeyError):
             if not Path(json.loads(record.read_text())["path"]).is_file():
@@ -1043,6 +1048,8 @@ def _build(kind: str, key: str, specs: list[LayerSpec], config: dict[str, Any], 
         with open(tmp, "wb") as out:
             digest, placed = write_archive(out, name, sources, config)
         os.replace(tmp, archive)
+    except OSError as e:
+        raise ImageError(f"writing {archive}: {e.strerror or e} (the trainer archive needs about 5 GB)") from e
     finally:
         tmp.unlink(missing_ok=True)
     for spec, source, layer in zip(specs, sources, placed, strict=True):
