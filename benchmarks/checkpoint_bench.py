@@ -155,7 +155,9 @@ def main(
         if env.rank == 0:
             shown = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in figures.items()}
             print(f"== {kind}: {json.dumps(shown)}", flush=True)
-            if json_path:
+            # The planner reads the save and load records of this file (generators/plan/overheads.py);
+            # the preparation of the host buffers is printed only.
+            if json_path and kind != "prepare-staging":
                 with open(json_path, "a", encoding="utf-8") as fh:
                     fh.write(json.dumps(result, sort_keys=True) + "\n")
 
