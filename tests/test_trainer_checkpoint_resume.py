@@ -10,6 +10,8 @@ larger steady state). The last test resumes a real 2-rank torchrun run and reads
 from __future__ import annotations
 
 import json
+import pickle
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +20,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.fsdp import fully_shard
 from trainer_support import free_port, output_overrides, run
 
-from trainer.checkpoint import Checkpointer, HostStaging, _tensors
+from trainer.checkpoint import Checkpointer, HostStaging, _tensors, verify
 from trainer.config import CheckpointConfig
 from trainer.optim import AdamWBf16State
 
@@ -116,3 +118,22 @@ def test_a_resumed_run_keeps_bf16_moments_and_says_so(tmp_path):
     info = json.loads((tmp_path / "metrics" / "run.json").read_text())
     load = info["resume_load"]
     assert load["in_place"] and load["dtypes"]["exp_avg"] == load["dtypes"]["exp_avg_sq"] == ["torch.bfloat16"]
+
+
+def test_a_metadata_without_the_data_of_an_item_is_not_loadable(one_rank, tmp_path):
+    # What DCP leaves when one of its extra writer threads fails: .metadata lists an item no shard holds.
+    model, optimizer = model_and_step(bf16=True)
+    checkpointer = Checkpointer(CheckpointConfig(dir=str(tmp_path), writer_threads=3), {})
+    path = checkpointer.save(1, model, optimizer, {"data": {}, "scheduler": {}, "metrics": {}})
+    checkpointer.close()
+    assert verify(path) is None
+    metadata_file = Path(path) / ".metadata"
+    metadata = pickle.loads(metadata_file.read_bytes())
+    dropped = next(key for key in metadata.storage_data if "exp_avg" in key.fqn)
+    del metadata.storage_data[dropped]
+    metadata_file.write_bytes(pickle.dumps(metadata))
+    complete = Path(path) / "COMPLETE"  # as if written so: the sizes it lists match
+    record = json.loads(complete.read_text())
+    record["files"][".metadata"] = metadata_file.stat().st_size
+    complete.write_text(json.dumps(record))
+    assert verify(path) == f"1 saved items have no data in any shard (first: {dropped.fqn})"
