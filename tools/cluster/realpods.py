@@ -72,6 +72,15 @@ NODE_IP = "10.88.0.1"  # every node's InternalIP: the kubelets share the namespa
 SERVICE_IP = "10.0.0.1"  # the first address of the API server's --service-cluster-ip-range: Service "kubernetes"
 APISERVER_PORT = 443
 COREDNS_READY = "http://127.0.0.1:8181/ready"
+# kubelet pkg/kubelet/cm/container_manager_linux.go setupKernelTunables: sysctl -> the value it wants.
+KUBELET_SYSCTLS = {
+    "vm/overcommit_memory": 1,
+    "vm/panic_on_oom": 0,
+    "kernel/panic": 10,
+    "kernel/panic_on_oops": 1,
+    "kernel/keys/root_maxkeys": 1000000,
+    "kernel/keys/root_maxbytes": 25000000,
+}
 CPU_INSTANCE = "m6i.4xlarge"  # the label of the CPU node (the controllers' and staging pods' node group)
 CLONE_NEWNET = 0x40000000
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
@@ -374,6 +383,11 @@ class RealPods:
             topo.mkdir(parents=True)
             (topo / "core_id").write_text(f"{cpu}\n")
             (topo / "physical_package_id").write_text("0\n")
+        # The kubelet sets these machine-wide sysctls to its defaults at start (protectKernelDefaults off)
+        # and refuses to start where they differ (on): here it finds its values and the host's stay.
+        for name, value in KUBELET_SYSCTLS.items():
+            (out / "sysctl" / name).parent.mkdir(parents=True, exist_ok=True)
+            (out / "sysctl" / name).write_text(f"{value}\n")
         return out
 
     def namespaces(self) -> None:
@@ -393,6 +407,7 @@ class RealPods:
             f"mount --bind {machine / 'meminfo'} /proc/meminfo",
             f"mount --bind {machine / 'online'} /sys/devices/system/cpu/online",
             f"mount --bind {machine / 'node'} /sys/devices/system/node",
+            *(f"mount --bind {machine / 'sysctl' / name} /proc/sys/{name}" for name in KUBELET_SYSCTLS),
             "ip link set lo up",
             "ip link add cni0 type bridge",
             f"ip addr add {NODE_IP}/16 dev cni0",
@@ -619,8 +634,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "authorization": {"mode": "AlwaysAllow"},
             "cgroupDriver": "cgroupfs",
             "cgroupRoot": f"/{self.cgroup}/{node.name}",
-            "cgroupsPerQOS": True,
-            "enforceNodeAllocatable": ["pods"],
+            # No QoS cgroups: the kubelet would write the node's (the instance's) CPU list into
+            # kubepods' cpuset, which this machine's few CPUs refuse; pods' cgroups go under cgroupRoot.
+            "cgroupsPerQOS": False,
+            "enforceNodeAllocatable": [],
             "failCgroupV1": False,
             "failSwapOn": False,
             "containerRuntimeEndpoint": f"unix://{self.socks[node.name]}",
