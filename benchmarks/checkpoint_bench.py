@@ -135,6 +135,14 @@ def main(
         step()
     baseline = [step() for _ in range(3)]
     common = {
+        # The configuration as train_bench.py's records name it (readers of benchmarks/results/ key on it).
+        "config": {
+            "model": model_name,
+            "seq_len": seq_len,
+            "batch_size_per_gpu": batch_size,
+            "training.bf16_optimizer_state": cfg.training.bf16_optimizer_state,
+            "overrides": " ".join(overrides) or "(none)",
+        },
         "model": model_name,
         "seq_len": seq_len,
         "batch_size_per_gpu": batch_size,
