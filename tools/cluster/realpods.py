@@ -776,6 +776,14 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                 except ProcessLookupError:
                     pass
             time.sleep(0.2)
+        # Nothing of the cluster outlives it (its work folder is removed): no graceful stops to wait for
+        # (kube-apiserver alone would take its 10 s). The holder goes last, in Cluster.stop.
+        for proc in list(self.cluster.procs.values()):
+            if proc.name != "namespaces":
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def cleanup(self) -> None:
         """After every component stopped: what is still in the namespace, then the cgroups."""
