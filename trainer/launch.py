@@ -75,7 +75,9 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from trainer import attempts, capacity_block, rendezvous_env, transport_check
 
@@ -365,5 +367,31 @@ def _run_torchrun(argv: list[str], handlers: list) -> int:
     return 0
 
 
+def exit_now(run: Callable[[], int]) -> NoReturn:
+    """Run `run` and leave the process with its status through os._exit, after flushing.
+
+    After a signal torchrun leaves its rendezvous handler open, and the handler's keep-alive timer is a
+    daemon thread that calls the TCPStore every few seconds. At interpreter shutdown Python ends such a
+    thread with pthread_exit if it returns from the store call then, and the C++ unwind through the call
+    ends in std::terminate: SIGABRT ("terminate called without an active exception") instead of the
+    launcher's status. Nothing remains to be cleaned up once torchrun has returned, so the launcher
+    skips interpreter shutdown.
+    """
+    try:
+        status = run()
+    except SystemExit as err:
+        if err.code is None or isinstance(err.code, int):
+            status = err.code or 0
+        else:
+            print(err.code, file=sys.stderr)
+            status = 1
+    except BaseException:
+        traceback.print_exc()
+        status = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main)
