@@ -11,8 +11,10 @@ securityContext and the volume's mode, so the rule is checked from the same fiel
 - A PersistentVolumeClaim mounted without `readOnly` is written to. A new volume's root (an FSx for
   Lustre file system, an EBS volume's file system) is root:root 0755, so a non-root process can
   write it only when the pod sets `fsGroup`: the kubelet then gives the root that group with group
-  write and setgid, for every CSI driver that declares fsGroupPolicy File (the FSx for Lustre
-  driver does) or ReadWriteOnceWithFSType on a ReadWriteOnce volume.
+  write and setgid, for every CSI driver that declares fsGroupPolicy File, or ReadWriteOnceWithFSType
+  on a ReadWriteOnce volume. The FSx for Lustre driver declares ReadWriteOnceWithFSType, so on its
+  ReadWriteMany volumes fsGroup is not applied: there the shared-storage Job (base/shared-storage)
+  creates the project's folders owned by the trainer's user, and fsGroup stays for drivers that apply it.
 - emptyDir is world-writable; hostPath and the rest are out of scope (the training pods use none).
 
 A container is non-root when its runAsUser (container, else pod) is set and not 0, or when it sets
@@ -116,7 +118,7 @@ def _problem(volume: dict, mount: dict, fs_group: Any, who: str) -> str:
         claim = (volume["persistentVolumeClaim"] or {}).get("claimName", "?")
         return (
             f"{who} writes PersistentVolumeClaim {claim} in {where}, whose new root is root:root 0755, and the "
-            f"pod sets no fsGroup; fix: set spec.securityContext.fsGroup (the FSx for Lustre CSI driver applies "
-            f"it: fsGroupPolicy File) or mount it readOnly"
+            f"pod sets no fsGroup; fix: set spec.securityContext.fsGroup (applied by CSI drivers with fsGroupPolicy "
+            f"File; on FSx for Lustre the shared-storage Job owns the folders) or mount it readOnly"
         )
     return ""
