@@ -130,7 +130,8 @@ def sigterm_job(out: Path, topology: str, target: int, timeout: float) -> dict:
             for i in (0, 1)
         ]
     t0 = time.monotonic()
-    record: dict = {"topology": topology, "signalled_node": target}
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    record: dict = {"started": started, "topology": topology, "signalled_node": target}
     try:
         while not any((out / "ckpt").glob("step-*/COMPLETE")):
             if any(proc.poll() is not None for proc, _ in nodes):
