@@ -1,0 +1,298 @@
+"""The TrainJob path against the real Kubeflow Trainer v2.3.0 and JobSet v0.12.0 controllers (kwok level).
+
+A control plane of its own (API server, scheduler, controller manager, kwok nodes shaped like
+p5.48xlarge) runs the two controllers built from tools/cluster/kubeflow-trainer
+(tools/cluster/kubeflow_trainer.py: their upstream webhooks by URL, their own certificate rotators).
+The example matrix with one cluster on each job API (examples/matrix-two-apis.yaml) is rendered by
+the real generator; its trainjob cluster's overlays are accepted by a server-side dry-run with the
+controllers' webhooks; a generated TrainJob becomes a JobSet, its Jobs and their pods, placed on the
+fake GPU nodes, whose container carries the torch plugin's settings and everything the run's TrainJob
+and the project's runtime say; and the failure policy does what base/trainjob/runtime.yaml promises:
+exit 2 fails the TrainJob at once, exit 143 restarts the whole gang.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from generators import matrix
+from generators.core import writer
+from generators.plan import plan
+from generators.render import OVERLAYS, render
+from tools.cluster import build, dryrun, kubeflow_trainer, schemas
+from tools.cluster.harness import FAKE_NODE_ANNOTATION, REPO_ROOT, Cluster, tool_path
+from tools.cluster.processes import free_port
+
+pytestmark = pytest.mark.cluster
+
+EXAMPLE = REPO_ROOT / "examples" / "matrix-two-apis.yaml"
+CLUSTER = "fsdp-p5"
+INSTANCE = "p5.48xlarge"
+JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """base/ and the example's overlays in a git work tree."""
+    root = tmp_path_factory.mktemp("two-apis")
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    shutil.copytree(REPO_ROOT / "base", root / "base")
+    shutil.copy(EXAMPLE, root / "matrix.yaml")
+    m = matrix.load(str(root / "matrix.yaml"))
+    for rel, data in writer.serialize(render(plan(m, matrix.expand(m)), OVERLAYS), "matrix.yaml").items():
+        path = root / "overlays" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return root
+
+
+def start_kwok(c: Cluster) -> None:
+    """kwok as the operator level runs it, less the stage that completes every Job's pods at once
+    (pod/fast's pod-complete): a trainer pod runs until the test says how it ends."""
+    kwok_dir = schemas.module_dir(schemas.Source("kwok", "sigs.k8s.io/kwok", ()))
+    stages = []
+    for stage in ("node/fast", "node/heartbeat", "pod/fast"):
+        out = subprocess.run(
+            [tool_path("kustomize"), "build", str(kwok_dir / "kustomize" / "stage" / stage)],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        stages += [d for d in yaml.safe_load_all(out) if d and d["metadata"]["name"] != "pod-complete"]
+    config = c.work / "kwok-stages.yaml"
+    config.write_text(yaml.safe_dump_all(stages))
+    c._start(
+        "kwok",
+        [
+            build.binary("kwok"),
+            f"--config={config}",
+            f"--kubeconfig={c.kubeconfig}",
+            "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake",
+            "--cidr=10.244.0.0/16",
+            "--node-ip=10.1.0.1",
+            f"--server-address=127.0.0.1:{free_port()}",
+        ],
+    )
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    """The operator level's control plane with kwok (see start_kwok), without the Training Operator,
+    plus JobSet and the Trainer."""
+    root = build.cache_root() / "run"
+    root.mkdir(parents=True, exist_ok=True)
+    c = Cluster(Path(tempfile.mkdtemp(prefix="cluster-", dir=root)))
+    try:
+        for name, step in c.steps("operator"):
+            if name not in ("kwok", "training-operator"):
+                step()
+        start_kwok(c)
+        kubeflow_trainer.start(c)
+        yield c
+    finally:
+        c.stop()
+
+
+def runs(tree: Path) -> list[str]:
+    return sorted(str(p.relative_to(tree)) for p in (tree / "overlays" / "runs" / CLUSTER).iterdir())
+
+
+@pytest.fixture(scope="module")
+def configs(cluster: Cluster, tree: Path) -> list[dict[str, Any]]:
+    """The trainjob cluster's configs applied (run namespace, shared volume, queues, the runtime), its
+    shared volume bound, and two fake p5.48xlarge nodes."""
+    path = f"overlays/infrastructure/{CLUSTER}/configs"
+    # Without the NCCL pre-flight Jobs: they would hold the fake GPU nodes (kwok never ends a pod here).
+    docs = [d for d in dryrun.render(tree, path) if d["kind"] != "Job"]
+    dryrun.ensure_namespaces(cluster, {path: docs})
+    cluster.apply(docs)
+    (pvc,) = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
+    cluster.add_shared_volume(pvc)
+    cluster.add_gpu_nodes(INSTANCE, 2)
+    return docs
+
+
+def test_the_trainjob_overlays_pass_a_server_side_dry_run(cluster: Cluster, tree: Path, configs: Any) -> None:
+    paths = [f"overlays/infrastructure/{CLUSTER}/configs", *runs(tree)]
+    assert dryrun.server_dry_run(cluster, tree, paths) == []
+
+
+def test_the_trainers_webhook_refuses_a_trainjob_that_sets_the_torch_settings_itself(
+    cluster: Cluster, tree: Path, configs: Any
+) -> None:
+    (job,) = [d for d in dryrun.render(tree, runs(tree)[0]) if d["kind"] == "TrainJob"]
+    job["spec"]["trainer"]["env"].append({"name": "PET_NNODES", "value": "4"})
+    res = cluster.kubectl_result("apply", "--dry-run=server", "--server-side", "-f", "-", stdin=yaml.safe_dump(job))
+    assert res.returncode != 0
+    assert 'admission webhook "validator.trainjob.trainer.kubeflow.org" denied the request' in res.stderr, res.stderr
+    assert "must not have reserved envs" in res.stderr and "PET_NNODES" in res.stderr, res.stderr
+
+
+def pods(cluster: Cluster, ns: str, name: str) -> list[dict[str, Any]]:
+    return sorted(
+        cluster.get("pods", ns, selector=f"{JOBSET_LABEL}={name}")["items"], key=lambda p: p["metadata"]["name"]
+    )
+
+
+def env_of(c: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c.get("env", [])}
+
+
+def test_a_trainjob_becomes_a_jobset_jobs_and_pods_with_the_torch_settings(
+    cluster: Cluster, tree: Path, configs: Any
+) -> None:
+    (path,) = [r for r in runs(tree) if "-n2-" in r]
+    docs = dryrun.render(tree, path)
+    (job,) = [d for d in docs if d["kind"] == "TrainJob"]
+    name, ns = job["metadata"]["name"], job["metadata"]["namespace"]
+    cluster.apply(docs)
+    try:
+        placed = cluster.wait_for(
+            lambda: (
+                lambda ps: ps if len(ps) == 2 and all(p["status"].get("phase") == "Running" for p in ps) else None
+            )(pods(cluster, ns, name)),
+            240,
+            "the TrainJob's two pods running",
+        )
+        jobset = cluster.get("jobset", ns, name=name)
+        policy = jobset["spec"]["failurePolicy"]
+        assert policy["maxRestarts"] == 10 and policy["restartStrategy"] == "BlockingRecreate"
+        (rjob,) = jobset["spec"]["replicatedJobs"]
+        assert rjob["name"] == "node" and rjob["template"]["spec"]["backoffLimit"] == 0
+        (k8s_job,) = cluster.get("jobs", ns, selector=f"{JOBSET_LABEL}={name}")["items"]
+        assert k8s_job["spec"]["parallelism"] == k8s_job["spec"]["completions"] == 2
+        assert k8s_job["spec"]["podFailurePolicy"]["rules"][0]["onExitCodes"]["values"] == [1, 2]
+        service = cluster.get("service", ns, name=name)
+        assert service["spec"]["clusterIP"] == "None"
+        trainer = job["spec"]["trainer"]
+        for i, pod in enumerate(placed):
+            spec = pod["spec"]
+            (c,) = spec["containers"]
+            env = env_of(c)
+            assert c["name"] == "node"
+            assert env["PET_NNODES"] == "2" and env["PET_NPROC_PER_NODE"] == "8"
+            assert env["PET_NODE_RANK"] == {
+                "fieldRef": {
+                    "apiVersion": "v1",
+                    "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']",
+                }
+            }
+            assert env["PET_MASTER_ADDR"] == f"{name}-node-0-0.{name}" and env["PET_MASTER_PORT"] == "29500"
+            # The generated command names the same host as the plugin's master address.
+            assert f"--rdzv-endpoint={env['PET_MASTER_ADDR']}:29400" in c["command"]
+            assert c["command"] == trainer["command"]
+            assert env["FI_PROVIDER"] == "efa" and env["HF_TOKEN_FILE"] == "/etc/hf-token/token"
+            assert c["resources"]["limits"] == {"nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "32"}
+            assert spec["hostname"] == f"{name}-node-0-{i}" and spec["subdomain"] == name
+            assert spec["serviceAccountName"] == name
+            assert spec["nodeSelector"]["node.kubernetes.io/instance-type"] == INSTANCE
+            assert spec["securityContext"]["runAsUser"] == 10001 and spec["restartPolicy"] == "Never"
+            volumes = {v["name"]: v for v in spec["volumes"]}
+            assert volumes["train-config"]["configMap"]["name"] == f"{name}-config"
+            assert volumes["shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "64Gi"}
+            (wait,) = spec["initContainers"]
+            assert env_of(wait)["DATA_MARKER"] == "/shared/data/samsum/_COMPLETE"
+            assert pod["metadata"]["labels"]["fsdp-gitops/run"] == name
+            assert (
+                cluster.get("node", name=spec["nodeName"])["metadata"]["labels"]["node.kubernetes.io/instance-type"]
+                == INSTANCE
+            )
+    finally:
+        delete(cluster, ns, name)
+
+
+def delete(cluster: Cluster, ns: str, name: str) -> None:
+    cluster.kubectl("delete", "trainjob", "-n", ns, name, "--wait=false")
+    cluster.wait_for(
+        lambda: not pods(cluster, ns, name) and cluster.kubectl_result("get", "trainjob", "-n", ns, name).returncode,
+        180,
+        "the TrainJob and its pods gone",
+    )
+
+
+def fail_pod(cluster: Cluster, pod: dict[str, Any], exit_code: int) -> None:
+    """What a kubelet reports when the node container exits with `exit_code` (kwok plays the kubelet)."""
+    (c,) = pod["spec"]["containers"]
+    status = {
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [
+                {
+                    "name": c["name"],
+                    "image": c["image"],
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 0,
+                    "state": {"terminated": {"exitCode": exit_code, "reason": "Error"}},
+                }
+            ],
+        }
+    }
+    cluster.kubectl(
+        "patch", "pod", "-n", pod["metadata"]["namespace"], pod["metadata"]["name"], "--subresource=status",
+        "--type=merge", "-p", json.dumps(status),
+    )  # fmt: skip
+
+
+def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == kind), None)
+
+
+@pytest.mark.parametrize("exit_code", [2, 143])
+def test_the_failure_policy_fails_a_bad_config_at_once_and_restarts_the_gang_after_sigterm(
+    cluster: Cluster, tree: Path, configs: Any, exit_code: int
+) -> None:
+    (path,) = [r for r in runs(tree) if "-n2-" in r]
+    docs = dryrun.render(tree, path)
+    (job,) = [d for d in docs if d["kind"] == "TrainJob"]
+    name, ns = job["metadata"]["name"], job["metadata"]["namespace"]
+    cluster.apply(docs)
+    try:
+        first = cluster.wait_for(
+            lambda: (
+                lambda ps: ps if len(ps) == 2 and all(p["status"].get("phase") == "Running" for p in ps) else None
+            )(pods(cluster, ns, name)),
+            240,
+            "the TrainJob's two pods running",
+        )
+        fail_pod(cluster, first[1], exit_code)
+        if exit_code == 2:
+            failed = cluster.wait_for(
+                lambda: condition(cluster.get("trainjob", ns, name=name), "Failed"), 180, "the TrainJob failed"
+            )
+            assert failed["status"] == "True", failed
+            jobset = cluster.get("jobset", ns, name=name)
+            assert jobset["status"].get("restarts", 0) == 0, jobset["status"]
+            assert "PodFailurePolicy" in json.dumps(jobset["status"]) or "ConfigurationError" in json.dumps(
+                jobset["status"]
+            ), jobset["status"]
+        else:
+            restarted = cluster.wait_for(
+                lambda: (lambda js: js if js["status"].get("restarts", 0) >= 1 else None)(
+                    cluster.get("jobset", ns, name=name)
+                ),
+                180,
+                "the JobSet restarted the gang",
+            )
+            assert restarted["status"]["restarts"] == 1
+            old = {p["metadata"]["uid"] for p in first}
+            cluster.wait_for(
+                lambda: (lambda ps: len(ps) == 2 and not old & {p["metadata"]["uid"] for p in ps})(
+                    pods(cluster, ns, name)
+                ),
+                240,
+                "a new gang of two pods",
+            )
+            assert condition(cluster.get("trainjob", ns, name=name), "Failed") is None
+    finally:
+        delete(cluster, ns, name)
