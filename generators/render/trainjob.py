@@ -29,6 +29,7 @@ from generators.render.runs import (
     TERM_SLACK_S,
     data_marker,
     efa_env,
+    guard_env,
     resources,
     run_labels,
     termination_grace_s,
@@ -59,8 +60,9 @@ PATCH_MANAGER = "fsdp-gitops.io/overlay"
 
 def trainer_env(p: Plan) -> list[dict[str, Any]]:
     """The run's environment on top of the runtime's: torchrun's wait for the checkpoint after SIGTERM
-    (trainer.launch) and, on EFA instances, the libfabric settings."""
-    return [{"name": FSDP_GRACE_ENV, "value": str(termination_grace_s(p) - TERM_SLACK_S)}, *efa_env(p)]
+    (trainer.launch), on EFA instances the libfabric settings, and trainer.launch's retry bound and
+    transport check (runs.guard_env; the retry count is kept per PET_NODE_RANK)."""
+    return [{"name": FSDP_GRACE_ENV, "value": str(termination_grace_s(p) - TERM_SLACK_S)}, *efa_env(p), *guard_env(p)]
 
 
 def runtime_patch(p: Plan) -> dict[str, Any]:
@@ -109,6 +111,8 @@ def trainjob(p: Plan, queue: str = "") -> dict[str, Any]:
             # A hard cap on GPU time; the Trainer fails the TrainJob (DeadlineExceeded) and stops its pods.
             "activeDeadlineSeconds": p.active_deadline_s,
             "trainer": {
+                # The run's own image (part of its name): an image release never changes a running job.
+                "image": p.run.image,
                 "numNodes": p.nodes,
                 "numProcPerNode": p.gpus_per_node,
                 "command": torchrun_command(p),

@@ -53,6 +53,10 @@ MERGE_KEYS = {
     "replicatedJobs": "name",
 }
 _REPLICA = ("spec", "pytorchReplicaSpecs", NODE)
+# Rules of the Training Operator's own structure (generators/validation/operator_fields.py) that the
+# PyTorchJob shape of a composition does not have to meet: the Trainer names the replica and its
+# container "node", and JobSet, not the operator, reads the exit codes.
+OPERATOR_ONLY = ("is not one the operator knows; use Master or Worker", "no container named pytorch;")
 _POD = _REPLICA + ("template", "spec")
 
 
@@ -290,7 +294,7 @@ def object_problems(
             known = {(p.file, p.message) for p in check([c.runtime.doc], c.runtime.blame)}
             runtime_file = c.runtime.blame(c.runtime.doc, ())
             for p in check([c.doc], c.blame):
-                if (p.file, p.message) in known:
+                if (p.file, p.message) in known or any(rule in p.message for rule in OPERATOR_ONLY):
                     continue
                 if p.file in (runtime_file, c.runtime.doc.file):
                     p = replace(p, file=c.blame(c.doc, ("metadata",)), line=0)
