@@ -89,12 +89,14 @@ def test_one_trainjob_per_run_with_what_differs_per_run() -> None:
         }
         assert spec["activeDeadlineSeconds"] == p.active_deadline_s
         trainer = spec["trainer"]
+        assert trainer["image"] == p.run.image
         assert trainer["numNodes"] == p.nodes and trainer["numProcPerNode"] == p.gpus_per_node
         assert trainer["resourcesPerNode"] == resources(p)
         assert trainer["resourcesPerNode"]["limits"]["vpc.amazonaws.com/efa"] == p.efa_per_node > 0
         assert f"--rdzv-endpoint={p.name}-node-0-0.{p.name}:29400" in trainer["command"]
         env = {e["name"]: e["value"] for e in trainer["env"]}
         assert env["FSDP_TERM_GRACE_S"] == str(termination_grace_s(p) - 30) and env["FI_PROVIDER"] == "efa"
+        assert env["FSDP_MAX_RETRIES"] == str(p.run.max_retries)
         (patch,) = spec["runtimePatches"]
         (rjob,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
         assert rjob["name"] == "node"
