@@ -8,6 +8,7 @@ Under pytest-xdist each control plane's tests run on one worker (tests/conftest.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -34,15 +35,27 @@ def cluster() -> Iterator[Cluster]:
         c.stop()
 
 
+@pytest.fixture(scope="session")
+def realpods_levels() -> Iterator[dict[str, Cluster]]:
+    """Real-pods levels by their options, started on first use and stopped at the end of the session."""
+    levels: dict[str, Cluster] = {}
+    try:
+        yield levels
+    finally:
+        for c in levels.values():
+            c.stop()
+
+
 @pytest.fixture(scope="module")
-def pods(request: pytest.FixtureRequest) -> Iterator[Cluster]:
-    """The real-pods level, once per test module, with the module's REALPODS_OPTIONS (Cluster.start's
-    options for level "pods"); skips in one line where the machine lacks root, namespaces or cgroups."""
+def pods(request: pytest.FixtureRequest, realpods_levels: dict[str, Cluster]) -> Cluster:
+    """The real-pods level with the module's REALPODS_OPTIONS (Cluster.start's options for level "pods"),
+    shared by the modules that ask for the same options (they run on one worker, tests/conftest.py);
+    skips in one line where the machine lacks root, namespaces or cgroups."""
     reason = realpods.unavailable()
     if reason:
         pytest.skip(reason)
-    c = Cluster.start("pods", **getattr(request.module, "REALPODS_OPTIONS", {}))
-    try:
-        yield c
-    finally:
-        c.stop()
+    options = getattr(request.module, "REALPODS_OPTIONS", {})
+    key = json.dumps(options, sort_keys=True)
+    if key not in realpods_levels:
+        realpods_levels[key] = Cluster.start("pods", **options)
+    return realpods_levels[key]

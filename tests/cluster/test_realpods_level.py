@@ -1,9 +1,9 @@
 """The real-pods level (tools/cluster/realpods.py): a real kubelet runs real containers beside the API
 server, on a node shaped like a GPU instance type, inside private namespaces.
 
-One level for the module (tests/cluster/conftest.py `pods`): one p4de-shaped node with its GPU taint
-and an untainted CPU node. The containers use the utility image (busybox applets, dash, Python), so
-these tests need no trainer image.
+One level, shared with test_realpods_runs.py (tests/cluster/conftest.py `pods`): two p4de-shaped
+nodes with their GPU taint and an untainted CPU node. The containers here use the utility image
+(busybox applets, dash, Python).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from trainer.catalog import INSTANCE_TYPES
 pytestmark = [pytest.mark.realpods, pytest.mark.cluster, pytest.mark.slow]
 
 INSTANCE = "p4de.24xlarge"
-REALPODS_OPTIONS = {"instance_type": INSTANCE, "gpu_nodes": 1, "cpu_node": True}
+# The options of test_realpods_runs.py, so that both modules share one started level.
+REALPODS_OPTIONS = {"instance_type": INSTANCE, "gpu_nodes": 2, "cpu_node": True, "trainer": True, "kueue": True}
 GPU_NODE = "p4de-24xlarge-0"
 TOLERATE_GPU = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
 

@@ -1,0 +1,509 @@
+"""The generated deployment on real pods (tools/cluster/realpods.py): one tiny run, end to end and
+under faults, in the trainer test image (tools/cluster/image.py).
+
+The level: two p4de-shaped GPU nodes (the pre-flight Job needs two nodes) and one CPU node, with the
+real Kueue and Training Operator. The repository is copied into the cluster's work folder and its
+matrix replaced by a test matrix: one cluster (fsdp-p4de as matrix.yaml has it) and one run, the tiny
+random-init model, 2 nodes x 1 GPU, a few steps with a checkpoint every two; the real generator
+expands it. In that copy kustomize's `images:` points the trainer and the busybox images at the
+imported test images, and nothing else changes, except that the data staging Job reads its dataset
+from a folder the test puts on the shared volume (no hub here) instead of knkarthick/samsum.
+
+The manifests are applied in the order Flux's dependsOn chain gives them (configs, shared-storage,
+data, the run), by kubectl; Flux itself reconciles on the kwok levels (test_cluster_flux.py).
+
+Every run is checked by `wait_run`, which fails with what stopped the run (a pod that cannot be
+scheduled, an init container still waiting, a container's exit code and the end of its log, a
+mount the trainer's user cannot read or write), so each mutation test asserts on that message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tools.cluster import dryrun
+from tools.cluster.harness import REPO_ROOT, Cluster, tool_path
+
+pytestmark = [pytest.mark.realpods, pytest.mark.cluster, pytest.mark.slow]
+
+CLUSTER = "fsdp-p4de"
+INSTANCE = "p4de.24xlarge"
+NS = "fsdp"
+REALPODS_OPTIONS = {"instance_type": INSTANCE, "gpu_nodes": 2, "cpu_node": True, "trainer": True, "kueue": True}
+TRAINER_IMAGE = "111122223333.dkr.ecr.us-west-2.amazonaws.com/fsdp-gitops/trainer"
+BUSYBOX_IMAGE = "docker.io/library/busybox"
+STEPS = 8
+MAX_RETRIES = 2
+INTERVAL = 2
+JOB_LABEL = "training.kubeflow.org/job-name"
+TRAINER_UID = 10001
+
+
+def test_matrix() -> dict[str, Any]:
+    """matrix.yaml reduced to one tiny run on CLUSTER, through the matrix's own fields."""
+    seed = yaml.safe_load((REPO_ROOT / "matrix.yaml").read_text())
+    cluster = {**seed["clusters"][CLUSTER], "max_nodes": 2}
+    return {
+        "apiVersion": seed["apiVersion"],
+        "kind": seed["kind"],
+        "repository": seed["repository"],
+        "clusters": {CLUSTER: cluster},
+        "defaults": {
+            "active_deadline_s": 3600,
+            "max_retries": MAX_RETRIES,
+            "shm_size_gib": 1,
+            "trainer": {
+                "data": {"path": "/shared/data/samsum/train.jsonl", "format": "samsum", "seq_len": 256},
+                "training": {"batch_size_per_gpu": 2, "max_steps": STEPS, "lr": 3.0e-3, "warmup_steps": 1},
+                "parallelism": {"precision": "fp32", "compile": False},
+                "checkpoint": {"interval_steps": INTERVAL},
+                "metrics": {"prometheus_port": 8000},
+            },
+        },
+        "include": [{"cluster": CLUSTER, "model": "tiny", "nodes": 2, "gpus_per_node": 1, "trainer.model.path": ""}],
+    }
+
+
+@dataclass
+class Deployment:
+    cluster: Cluster
+    repo: Path  # the test's copy of the repository
+    volume: Path  # the shared volume's folder on this machine
+    run: str  # the run's name
+    setup_s: dict[str, float]  # bring-up of the deployment, seconds since the level was up
+    root: tuple[int, int] = (-1, 0)  # the volume root's (owner, mode) before the storage Job ran
+
+    def render(self, path: str) -> list[dict[str, Any]]:
+        return dryrun.render(self.repo, path)
+
+    def job(self) -> list[dict[str, Any]]:
+        return self.render(f"overlays/runs/{CLUSTER}/{self.run}")
+
+
+def _copy_repository(dest: Path) -> None:
+    files = subprocess.run(
+        ["git", "ls-files", "-z", "-co", "--exclude-standard"],
+        cwd=REPO_ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split("\0")
+    for f in filter(None, files):
+        src = REPO_ROOT / f
+        if src.is_file():
+            (dest / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / f)
+
+
+def _set_images(folder: Path, trainer: str, utility: str) -> None:
+    """kustomize's `images:` in one kustomization, the way a user points overlays at a mirror."""
+    for old, new in ((TRAINER_IMAGE, trainer), (BUSYBOX_IMAGE, utility)):
+        subprocess.run([tool_path("kustomize"), "edit", "set", "image", f"{old}={new}"], cwd=folder, check=True)
+
+
+def is_preflight_job(doc: dict[str, Any]) -> bool:
+    return doc["kind"] == "Job" and doc["metadata"]["name"].startswith("fsdp-preflight")
+
+
+def apply_in_namespaces(cluster: Cluster, docs: list[dict[str, Any]]) -> None:
+    """Apply `docs`, creating first the namespaces they name (infra-controllers creates them under Flux)."""
+    names = {d["metadata"]["namespace"] for d in docs if d["metadata"].get("namespace")}
+    names -= {n["metadata"]["name"] for n in cluster.get("namespaces")["items"]}
+    if names:  # only missing ones: an apply without its labels would drop the labels a later apply set
+        cluster.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}} for n in sorted(names)])
+    cluster.apply(docs)
+
+
+def _wait_job(cluster: Cluster, name: str, timeout_s: float) -> None:
+    def done() -> bool:
+        job = cluster.get("job", NS, name=name)
+        conds = {c["type"]: c["status"] for c in job.get("status", {}).get("conditions", [])}
+        if conds.get("Failed") == "True":
+            raise AssertionError(f"Job {name} failed: {pod_problems(cluster, f'job-name={name}')}")
+        return conds.get("Complete") == "True"
+
+    try:
+        cluster.wait_for(done, timeout_s, f"Job {name} complete")
+    except TimeoutError as e:
+        raise AssertionError(f"{e}: {pod_problems(cluster, f'job-name={name}')}") from None
+
+
+def pod_problems(cluster: Cluster, selector: str) -> str:
+    """What each selected pod is stuck on or died of: scheduling, init containers, exit codes, log ends."""
+    out = []
+    for pod in cluster.get("pods", NS, selector=selector)["items"]:
+        name, status = pod["metadata"]["name"], pod.get("status", {})
+        for c in status.get("conditions", []):
+            if c.get("reason") == "Unschedulable":
+                out.append(f"{name}: unschedulable: {c.get('message')}")
+        for kind in ("initContainerStatuses", "containerStatuses"):
+            for cs in status.get(kind, []):
+                state = cs.get("state", {})
+                last = cs.get("lastState", {}).get("terminated")
+                if "waiting" in state and state["waiting"].get("reason") not in (None, "PodInitializing"):
+                    out.append(
+                        f"{name}/{cs['name']}: {state['waiting'].get('reason')}: {state['waiting'].get('message')}"
+                    )
+                term = state.get("terminated") or last
+                if (term and term.get("exitCode")) or "running" in state:
+                    res = cluster.kubectl_result("logs", "-n", NS, name, "-c", cs["name"], "--tail=4")
+                    tail = " | ".join(res.stdout.strip().splitlines()[-4:])
+                    code = f"exit {term['exitCode']}" if term and term.get("exitCode") else "running"
+                    out.append(f"{name}/{cs['name']}: {code}: {tail}")
+    return "; ".join(out) or "no pod"
+
+
+def job_state(cluster: Cluster, run: str) -> str:
+    conds = cluster.get("pytorchjob", NS, name=run).get("status", {}).get("conditions", [])
+    return next((c["type"] for c in reversed(conds) if c["status"] == "True"), "")
+
+
+def metrics(d: Deployment) -> list[dict[str, Any]]:
+    path = d.volume / "runs" / d.run / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [r for r in (json.loads(x) for x in path.read_text().splitlines() if x.strip()) if "loss" in r]
+
+
+def wait_run(d: Deployment, want: str = "Succeeded", stall_s: float = 240, timeout_s: float = 900) -> None:
+    """Wait for the PyTorchJob to end as `want`; fail with what stopped it when it ends otherwise or
+    logs no new step for stall_s (a run that cannot start never reaches its deadline here)."""
+    deadline, last_step, last_change = time.monotonic() + timeout_s, -1, time.monotonic()
+    while True:
+        state = job_state(d.cluster, d.run)
+        if state in ("Succeeded", "Failed"):
+            if state != want:
+                raise AssertionError(f"PyTorchJob {d.run} {state}: {pod_problems(d.cluster, f'{JOB_LABEL}={d.run}')}")
+            return
+        steps = [r["step"] for r in metrics(d)]
+        if steps and steps[-1] != last_step:
+            last_step, last_change = steps[-1], time.monotonic()
+        if time.monotonic() - last_change > stall_s or time.monotonic() > deadline:
+            raise AssertionError(
+                f"PyTorchJob {d.run} ({state or 'no condition'}) logged no new step for {stall_s:.0f} s: "
+                f"{pod_problems(d.cluster, f'{JOB_LABEL}={d.run}')}"
+            )
+        time.sleep(2)
+
+
+def check_access(d: Deployment, pod: str) -> None:
+    """The trainer's user reads its Secret and config and writes the shared volume, in the pod itself."""
+    probe = (
+        "import os\n"
+        "for p in (os.environ['HF_TOKEN_FILE'], '/etc/fsdp/train.yaml'):\n"
+        "    try:\n"
+        "        open(p).read()\n"
+        "    except OSError as e:\n"
+        "        raise SystemExit(f'uid {os.getuid()} cannot read {p}: {e.strerror}')\n"
+        "p = '/shared/runs/.write-probe-' + os.environ['HOSTNAME']\n"
+        "try:\n"
+        "    open(p, 'w').close(); os.unlink(p)\n"
+        "except OSError as e:\n"
+        "    raise SystemExit(f'uid {os.getuid()} cannot write {p}: {e.strerror}')\n"
+    )
+    res = d.cluster.kubectl_result("exec", "-n", NS, pod, "-c", "pytorch", "--", "python", "-c", probe)
+    assert res.returncode == 0, f"{pod}: {res.stderr.strip().splitlines()[-1] if res.stderr.strip() else res.stdout}"
+
+
+def apply_run(d: Deployment, mutate: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Apply the run's manifests (the PyTorchJob changed by `mutate`, if given), after removing the
+    previous attempt's job, checkpoints, metrics and attempt counts."""
+    d.cluster.kubectl("delete", "pytorchjob", "-n", NS, d.run, "--ignore-not-found", "--wait=true")
+    d.cluster.wait_for(
+        lambda: not d.cluster.get("pods", NS, selector=f"{JOB_LABEL}={d.run}")["items"], 120, "old pods gone"
+    )
+    for sub in ("checkpoints", "runs"):
+        shutil.rmtree(d.volume / sub / d.run, ignore_errors=True)
+    docs = d.job()
+    job = next(x for x in docs if x["kind"] == "PyTorchJob")
+    if mutate:
+        mutate(job)
+    d.cluster.apply(docs)
+    return job
+
+
+@pytest.fixture(scope="module")
+def deployment(pods: Cluster) -> Iterator[Deployment]:
+    started = time.monotonic()
+    setup: dict[str, float] = {}
+    repo = pods.work / "repo"
+    _copy_repository(repo)
+    (repo / "matrix.yaml").write_text(yaml.safe_dump(test_matrix(), sort_keys=False))
+    res = subprocess.run(
+        [sys.executable, "generators/expand.py", "matrix.yaml"], cwd=repo, capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stderr
+    (run,) = [p.name for p in (repo / "overlays" / "runs" / CLUSTER).iterdir() if p.is_dir()]
+    trainer, utility = pods.level.images[2].name, pods.level.images[1].name
+    infra = repo / "overlays" / "infrastructure" / CLUSTER
+    for folder in [infra / "configs", infra / "storage", infra / "data", repo / "overlays" / "runs" / CLUSTER / run]:
+        _set_images(folder, trainer, utility)
+    configs = dryrun.render(repo, f"overlays/infrastructure/{CLUSTER}/configs")
+    (pvc,) = [x for x in configs if x["kind"] == "PersistentVolumeClaim"]
+    volume = pods.level.shared_volume(pvc)
+    d = Deployment(pods, repo, volume, run, setup, (volume.stat().st_uid, volume.stat().st_mode & 0o7777))
+    # The Secret Flux would decrypt (base/secrets, SOPS): a plain one with a test token.
+    # The pre-flight Job (8 ranks per node, expecting EFA) waits for its own test, in a CPU mode.
+    apply_in_namespaces(pods, [x for x in configs if not is_preflight_job(x)])
+    pods.apply(
+        [
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": "hf-token", "namespace": NS},
+                "stringData": {"token": "hf_test"},
+            },
+        ]
+    )
+    apply_in_namespaces(pods, d.render(f"overlays/infrastructure/{CLUSTER}/storage"))
+    storage = [
+        x["metadata"]["name"] for x in d.render(f"overlays/infrastructure/{CLUSTER}/storage") if x["kind"] == "Job"
+    ]
+    for job in storage:
+        _wait_job(pods, job, 300)
+    setup["shared-storage"] = time.monotonic() - started
+    # The dataset the staging Job reads: the repository's made-up samsum records, as a local folder.
+    source = volume / "source" / "samsum"
+    source.mkdir(parents=True)
+    shutil.copy(REPO_ROOT / "tests" / "data" / "samsum_tiny.jsonl", source / "train.jsonl")
+    data = d.render(f"overlays/infrastructure/{CLUSTER}/data")
+    for x in data:
+        if x["kind"] == "Job":
+            cmd = x["spec"]["template"]["spec"]["containers"][0]["command"]
+            cmd[cmd.index("--dataset") + 1] = "/shared/source/samsum"
+    apply_in_namespaces(pods, data)
+    for x in data:
+        if x["kind"] == "Job":
+            _wait_job(pods, x["metadata"]["name"], 600)
+    setup["data-staging"] = time.monotonic() - started
+    yield d
+
+
+def test_the_shared_volume_comes_up_root_owned_and_the_storage_job_hands_it_over(deployment: Deployment) -> None:
+    assert deployment.root == (0, 0o755)
+    for sub in ("data", "checkpoints", "runs"):
+        assert (deployment.volume / sub).stat().st_uid == TRAINER_UID, sub
+
+
+def test_the_staging_job_writes_the_dataset_and_its_marker_as_the_trainer_user(deployment: Deployment) -> None:
+    marker = deployment.volume / "data" / "samsum" / "_COMPLETE"
+    assert marker.is_file(), sorted(p.name for p in marker.parent.iterdir())
+    assert marker.stat().st_uid == TRAINER_UID
+    assert (deployment.volume / "data" / "samsum" / "train.jsonl").stat().st_size > 0
+
+
+def test_the_tiny_run_trains_to_succeeded_under_kueue(deployment: Deployment) -> None:
+    d = deployment
+    started = time.monotonic()
+    apply_run(d)
+
+    def admitted() -> bool:
+        for w in d.cluster.get("workloads.kueue.x-k8s.io", NS)["items"]:
+            owners = {o["name"] for o in w["metadata"].get("ownerReferences", [])}
+            conds = {c["type"]: c["status"] for c in w.get("status", {}).get("conditions", [])}
+            if d.run in owners and conds.get("Admitted") == "True":
+                return True
+        return False
+
+    d.cluster.wait_for(admitted, 180, "Kueue admits the run's Workload")
+    d.cluster.wait_for(lambda: metrics(d), 300, "the first step")
+    check_access(d, f"{d.run}-worker-1")
+    wait_run(d)
+    d.setup_s["tiny run"] = time.monotonic() - started
+    records = metrics(d)
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    checkpoints = d.volume / "checkpoints" / d.run
+    kept = sorted(p.name for p in checkpoints.iterdir() if p.name.startswith("step-"))
+    assert kept[-1] == f"step-{STEPS:08d}", kept
+    assert (checkpoints / kept[-1]).stat().st_uid == TRAINER_UID
+    assert (d.volume / "runs" / d.run / "metrics.jsonl").stat().st_uid == TRAINER_UID
+    pod = d.cluster.get("pod", NS, name=f"{d.run}-worker-0")
+    notes = pod["metadata"].get("annotations", {})
+    assert notes.get("fsdp-gitops/step") == f"{STEPS}/{STEPS}", notes
+
+
+def test_deleting_worker_0_checkpoints_within_the_grace_period_and_resumes(deployment: Deployment) -> None:
+    d = deployment
+    apply_run(d)
+    d.cluster.wait_for(lambda: len(metrics(d)) >= 3, 300, "three steps")
+    pod = f"{d.run}-worker-0"
+    uid = d.cluster.get("pod", NS, name=pod)["metadata"]["uid"]
+    d.cluster.kubectl("delete", "pod", "-n", NS, pod, "--wait=false")
+    exit_code = None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # the deleted pod's last status, before the API server drops it
+        res = d.cluster.kubectl_result("get", "pod", "-n", NS, pod, "-o", "json")
+        if res.returncode != 0 or json.loads(res.stdout)["metadata"]["uid"] != uid:
+            break
+        for cs in json.loads(res.stdout)["status"].get("containerStatuses", []):
+            if cs["name"] == "pytorch" and "terminated" in cs.get("state", {}):
+                exit_code = cs["state"]["terminated"]["exitCode"]
+        time.sleep(0.3)
+    stopped_at = max(r["step"] for r in metrics(d))
+    wait_run(d)
+    steps = [r["step"] for r in metrics(d)]
+    assert exit_code in (None, 143), exit_code  # None: the pod was gone before a poll saw its status
+    assert d.cluster.get("pod", NS, name=pod)["metadata"]["uid"] != uid  # the operator re-created it
+    # Resumed from the checkpoint written on SIGTERM at the step it had reached: every step once, none
+    # redone (a resume from the interval checkpoint before it would log steps again), none lost.
+    assert steps == list(range(1, STEPS + 1)), (steps, stopped_at)
+    assert stopped_at < STEPS
+
+
+def test_sigkill_of_a_trainer_container_restarts_from_the_last_interval_checkpoint(deployment: Deployment) -> None:
+    d = deployment
+    apply_run(d)
+    d.cluster.wait_for(lambda: len(metrics(d)) >= INTERVAL + 1, 300, "a step past the first checkpoint")
+    pid = _container_pid(f"{d.run}-worker-1")
+    os.kill(pid, signal.SIGKILL)
+    killed_at = max(r["step"] for r in metrics(d))
+    wait_run(d)
+    steps = [r["step"] for r in metrics(d)]
+    restart = next(i for i in range(1, len(steps)) if steps[i] <= steps[i - 1])
+    last_checkpoint = (killed_at // INTERVAL) * INTERVAL
+    assert steps[restart] == last_checkpoint + 1, (steps, killed_at)
+    assert set(steps) == set(range(1, STEPS + 1))
+
+
+def test_a_retryable_failure_that_repeats_ends_after_max_retries(deployment: Deployment) -> None:
+    """SIGKILL (exit 137, which the operator restarts) at every start of worker 1: trainer.launch counts
+    the starts on the shared volume and the start after MAX_RETRIES restarts fails the job."""
+    d = deployment
+    apply_run(d)
+    pod = f"{d.run}-worker-1"
+    killed: set[int] = set()
+    deadline = time.monotonic() + 600
+    while job_state(d.cluster, d.run) not in ("Failed", "Succeeded") and time.monotonic() < deadline:
+        try:
+            pid = _container_pid(pod)
+        except AssertionError:
+            time.sleep(0.5)
+            continue
+        if pid not in killed and len(killed) < MAX_RETRIES:
+            time.sleep(1)  # past the attempt's record
+            os.kill(pid, signal.SIGKILL)
+            killed.add(pid)
+        time.sleep(0.5)
+    assert job_state(d.cluster, d.run) == "Failed", pod_problems(d.cluster, f"{JOB_LABEL}={d.run}")
+    attempts = sorted(p.name for p in (d.volume / "runs" / d.run / "attempts" / pod).iterdir())
+    assert len(attempts) == MAX_RETRIES + 1, attempts
+    assert len(killed) == MAX_RETRIES, killed
+
+
+def _container_pid(pod: str) -> int:
+    """The host pid of the trainer container's first process (trainer.launch) in `pod`."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().split(b"\0")
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"trainer.launch" in cmd and f"FSDP_POD_NAME={pod}".encode() in env:
+            return int(entry.name)
+    raise AssertionError(f"no trainer.launch process of {pod}")
+
+
+def test_a_config_error_fails_the_job_without_restarts(deployment: Deployment) -> None:
+    d = deployment
+
+    def bad_config(job: dict[str, Any]) -> None:
+        cmd = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"]
+        cmd += ["training.max_steps=-1"]
+
+    apply_run(d, bad_config)
+    with pytest.raises(AssertionError) as failed:
+        wait_run(d)
+    assert "Failed" in str(failed.value) and "exit 2" in str(failed.value), failed.value
+    for pod in d.cluster.get("pods", NS, selector=f"{JOB_LABEL}={d.run}")["items"]:
+        assert all(cs["restartCount"] == 0 for cs in pod["status"].get("containerStatuses", []))
+
+
+def _spec(job: dict[str, Any]) -> dict[str, Any]:
+    return job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+
+
+def test_mutation_a_wrong_service_name_fails_the_run_naming_it(deployment: Deployment) -> None:
+    d = deployment
+
+    def wrong_endpoint(job: dict[str, Any]) -> None:
+        cmd = _spec(job)["containers"][0]["command"]
+        i = next(i for i, a in enumerate(cmd) if a.startswith("--rdzv-endpoint="))
+        cmd[i] = f"--rdzv-endpoint={d.run}-wrkr-0:29400"
+
+    apply_run(d, wrong_endpoint)
+    with pytest.raises(AssertionError) as failed:
+        wait_run(d, stall_s=90)
+    assert f"{d.run}-wrkr-0" in str(failed.value), failed.value
+
+
+def test_mutation_a_secret_the_trainer_cannot_read_fails_naming_it(deployment: Deployment) -> None:
+    """The token's mode 0440 is readable through the pod's fsGroup only (the kubelet gives the file that
+    group); without fsGroup the file is root's and the trainer's user cannot read it."""
+    d = deployment
+
+    def no_fsgroup(job: dict[str, Any]) -> None:
+        del _spec(job)["securityContext"]["fsGroup"]
+        del _spec(job)["securityContext"]["fsGroupChangePolicy"]
+
+    apply_run(d, no_fsgroup)
+    d.cluster.wait_for(
+        lambda: any(
+            "running" in cs.get("state", {})
+            for p in d.cluster.get("pods", NS, selector=f"{JOB_LABEL}={d.run}")["items"]
+            for cs in p.get("status", {}).get("containerStatuses", [])
+        ),
+        300,
+        "a running trainer container",
+    )
+    with pytest.raises(AssertionError) as failed:
+        check_access(d, f"{d.run}-worker-0")
+    assert "cannot read /etc/hf-token/token: Permission denied" in str(failed.value), failed.value
+
+
+def test_mutation_a_volume_the_trainer_cannot_write_fails_naming_it(deployment: Deployment) -> None:
+    d = deployment
+    (d.volume / "runs").chmod(0o755)
+    owner = (d.volume / "runs").stat().st_uid
+    os.chown(d.volume / "runs", 0, 0)
+    try:
+        apply_run(d)
+        with pytest.raises(AssertionError) as failed:
+            wait_run(d, stall_s=120)
+        assert "Permission denied" in str(failed.value) and "/shared/runs" in str(failed.value), failed.value
+    finally:
+        os.chown(d.volume / "runs", owner, owner)
+
+
+def test_the_preflight_job_runs_on_two_nodes_over_gloo(deployment: Deployment) -> None:
+    """The generated pre-flight Job (manifest, Service, two nodes by anti-affinity, exit path) on CPU:
+    one rank per node and any transport expected, since there are no GPUs or EFA here: it measures
+    gloo, says so, and completes."""
+    d = deployment
+    (job,) = [x for x in d.render(f"overlays/infrastructure/{CLUSTER}/configs") if is_preflight_job(x)]
+    name = job["metadata"]["name"]
+    cmd = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    cmd[:] = ["--nproc_per_node=1" if a.startswith("--nproc_per_node=") else a for a in cmd]
+    cmd[cmd.index("--expect-transport") + 1] = "any"
+    cmd[cmd.index("--min-busbw-gbs") + 1] = "0"
+    d.cluster.kubectl("delete", "job", "-n", NS, name, "--ignore-not-found", "--wait=true")
+    apply_in_namespaces(d.cluster, [job])
+    _wait_job(d.cluster, name, 600)
+    pods = d.cluster.get("pods", NS, selector=f"job-name={name}")["items"]
+    assert len({p["spec"]["nodeName"] for p in pods}) == 2
+    logs = "".join(d.cluster.kubectl("logs", "-n", NS, p["metadata"]["name"]) for p in pods)
+    assert "gloo" in logs, logs[-2000:]
