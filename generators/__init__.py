@@ -13,5 +13,5 @@
     core/        errors, the strict YAML reader, the writer, the Go tools, the commands' Click glue
 
 Imports run one way: commands -> jobs -> core -> the trainer's pure modules (trainer.catalog,
-trainer.config, trainer.memory).
+trainer.config, trainer.memory, and trainer.capacity_block for the one reading of a Capacity Block's end).
 """

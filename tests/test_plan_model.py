@@ -17,7 +17,8 @@ from generators.core.errors import InputError
 from generators.matrix import expand, load
 from generators.plan import plan_runs, speed
 from generators.plan.cost import load_prices
-from generators.plan.estimate import estimate_matrix, plan_rows
+from generators.plan.estimate import estimate_matrix
+from generators.plan.table import plan_rows
 from trainer.catalog import INSTANCE_TYPES, MODELS
 from trainer.config import check_topology, from_dict, to_dict
 from trainer.memory import estimate_peak_gib

@@ -19,7 +19,8 @@ from generators.matrix import expand, load
 from generators.plan import overheads as oh
 from generators.plan import plan_runs
 from generators.plan.cost import load_prices
-from generators.plan.estimate import PLAN_HEADER, estimate_matrix, plan_markdown, plan_rows
+from generators.plan.estimate import estimate_matrix
+from generators.plan.table import PLAN_HEADER, plan_markdown, plan_rows
 from trainer.catalog import MODELS
 from trainer.config import from_dict
 

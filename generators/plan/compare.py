@@ -26,14 +26,12 @@ from generators.matrix import Matrix, Run, expand, load
 from generators.plan import plan_runs
 from generators.plan.cost import load_prices
 from generators.plan.estimate import (
-    PLAN_HEADER,
     MatrixEstimate,
     RunEstimate,
     estimate_matrix,
-    plan_markdown,
-    plan_rows,
     refusal_text,
 )
+from generators.plan.table import PLAN_HEADER, plan_markdown, plan_rows
 
 BASE_FIX = "pass a commit, branch or tag of this repository (e.g. origin/main; in CI fetch it first)"
 
