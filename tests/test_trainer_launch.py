@@ -390,3 +390,81 @@ def test_an_exception_in_the_trainer_of_another_node_fails_the_job(tmp_path):
     assert codes[0] == 1 and codes[1] in (1, LOST_PEER), f"{codes}:\n" + "\n".join(log[-3000:] for log in logs)
     assert "injected bug in the training step" in logs[1]
     assert "a peer node was lost" not in logs[0]
+
+
+@pytest.mark.slow
+def test_a_deleted_worker_0_is_recreated_and_the_job_resumes_from_its_sigterm_checkpoint(tmp_path):
+    # A pod deletion: the kubelet sends SIGTERM to the launcher alone (the container's first process),
+    # the workers checkpoint and the launcher exits 143; the operator re-creates worker 0's pod with the
+    # same command. Worker 1, whose store went with worker 0, must rejoin the new one (or exit for a
+    # restart of its own), and the job must finish from that checkpoint without losing a completed step.
+    args = ["--max-restarts=3", "--rdzv-conf=join_timeout=1800"]
+    overrides = ["checkpoint.interval_steps=1000", "training.max_steps=12"]
+    port = free_port()
+    (first, first_log), (second, second_log) = (
+        c10d_node(tmp_path, f"worker-{i}", port, i == 0, args, overrides) for i in (0, 1)
+    )
+    deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+    while len(steps_logged(tmp_path)) < 3:
+        assert first.poll() is None and second.poll() is None and time.monotonic() < deadline, first_log.read_text()
+        time.sleep(0.2)
+    first.send_signal(signal.SIGTERM)
+    log = finish_log(first, first_log, 90)
+    assert first.returncode == 143, log[-4000:]
+    ckpt = newest_checkpoint(tmp_path / "ckpt")
+    step = int(ckpt.name.removeprefix("step-"))
+    again, again_log = c10d_node(tmp_path, "worker-0", port, True, args, overrides)
+    nodes = [(again, again_log), (second, second_log)]
+    deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+    while again.poll() is None or second.poll() is None:
+        if second.poll() == LOST_PEER:  # the operator re-creates worker 1 too
+            second, second_log = c10d_node(tmp_path, "worker-1", port, False, args, overrides)
+            nodes[1] = (second, second_log)
+        assert time.monotonic() < deadline, "\n".join(log.read_text()[-3000:] for _, log in nodes)
+        time.sleep(0.5)
+    logs = [log.read_text() for _, log in nodes]
+    assert [proc.returncode for proc, _ in nodes] == [0, 0], "\n".join(log[-3000:] for log in logs)
+    assert f"resumed from {ckpt} at step {step}" in logs[0] + logs[1], "\n".join(logs)
+    steps = steps_logged(tmp_path)
+    assert steps[-(12 - step) :] == list(range(step + 1, 13)) and sorted(set(steps)) == list(range(1, 13)), steps
+
+
+def steps_logged(out: Path) -> list[int]:
+    return [
+        json.loads(line)["step"]
+        for path in sorted(out.glob("worker-*/metrics.jsonl"))
+        for line in path.read_text().splitlines()
+        if line.strip()
+    ]
+
+
+@pytest.mark.slow
+def test_a_worker_0_stopped_in_the_exit_barrier_after_the_last_step_exits_0(tmp_path):
+    # A pod deleted after its workers finished the run, while torchrun waits for the other node in its
+    # exit barrier: 0, so the operator does not re-create a pod whose torchrun would wait for a
+    # rendezvous no node joins. Worker 1's agent is held (SIGSTOP) so that worker 0 waits in the barrier.
+    args = ["--max-restarts=3"]
+    overrides = ["checkpoint.interval_steps=1000", "training.max_steps=4"]
+    port = free_port()
+    (first, first_log), (second, second_log) = (
+        c10d_node(tmp_path, f"worker-{i}", port, i == 0, args, overrides) for i in (0, 1)
+    )
+    deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+    while not worker_pids(second.pid):
+        assert second.poll() is None and time.monotonic() < deadline, second_log.read_text()[-3000:]
+        time.sleep(0.2)
+    os.kill(second.pid, signal.SIGSTOP)  # its workers train on; the agent waits for nothing
+    try:
+        # Worker 0's trainer has ended after the last step: its agent is in the exit barrier.
+        while not (steps_logged(tmp_path)[-1:] == [4] and not worker_pids(first.pid)):
+            assert first.poll() is None and time.monotonic() < deadline, first_log.read_text()[-3000:]
+            time.sleep(0.2)
+        time.sleep(2)
+        first.send_signal(signal.SIGTERM)
+        log = finish_log(first, first_log, 60)
+    finally:
+        os.kill(second.pid, signal.SIGCONT)
+    assert first.returncode == 0, log[-4000:]
+    assert "after every worker of this node finished (in torchrun's exit barrier); exit status 0" in log
+    log = finish_log(second, second_log, 120)
+    assert second.returncode == 0, log[-4000:]

@@ -224,6 +224,45 @@ def _keep_rendezvous_handlers() -> list:
     return handlers
 
 
+def _note_finished_workers() -> list[bool]:
+    """A list that holds True once this node's workers all succeeded and torchrun waits in its exit barrier.
+
+    torchrun's agent calls `_exit_barrier` only after its worker group succeeded, and waits there (up to
+    5 minutes) for the agents of the other nodes. A signal there (a pod deleted after the last step) would
+    otherwise end the launcher with 128 + the signal: the operator re-creates the pod, whose new torchrun
+    waits in a rendezvous no other node joins (its join_timeout), and the finished job stays Running.
+    The barrier is a blocking TCPStore call, during which Python runs no signal handler: a SIGTERM would
+    wait for the barrier's end, past the pod's grace period (SIGKILL, 137, the same re-created pod). So
+    the barrier runs in a thread and the main thread waits for it in short steps, where the signal lands.
+    """
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+
+    finished: list[bool] = []
+    barrier = SimpleElasticAgent._exit_barrier
+
+    def note_and_wait(self):
+        finished.append(True)
+        done = threading.Event()
+        raised: list[BaseException] = []
+
+        def wait() -> None:
+            try:
+                barrier(self)
+            except BaseException as err:  # handed to the main thread
+                raised.append(err)
+            finally:
+                done.set()
+
+        threading.Thread(target=wait, name="exit-barrier", daemon=True).start()
+        while not done.wait(POLL_S):
+            pass
+        if raised:
+            raise raised[0]
+
+    SimpleElasticAgent._exit_barrier = note_and_wait  # type: ignore[method-assign]  # patched on purpose: see above
+    return finished
+
+
 def _store_error(err: BaseException) -> bool:
     """Whether `err` is the rendezvous store's connection (or timeout) failing, raised in torchrun's agent."""
     from torch.distributed import DistNetworkError, DistStoreError
@@ -307,6 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     wait_for_rendezvous(argv)
     _extend_worker_grace(_seconds(GRACE_ENV, 30.0))
     handlers = _keep_rendezvous_handlers()
+    finished = _note_finished_workers()
     stop = GuardStop()
     watches: list[capacity_block.BlockWatch | transport_check.TransportWatch] = []
     transport = transport_check.TransportWatch.from_env(_max_nodes(argv))
@@ -315,7 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             watch.start(stop)
             watches.append(watch)
     try:
-        status = _run_torchrun(argv, handlers)
+        status = _run_torchrun(argv, handlers, finished)
     except Exception:
         if not stop.reason:
             raise
@@ -326,7 +366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return stop.exit_status(status)
 
 
-def _run_torchrun(argv: list[str], handlers: list) -> int:
+def _run_torchrun(argv: list[str], handlers: list, finished: Sequence[bool] = ()) -> int:
     """torchrun in this process; its end as an exit status (module docstring, steps 2-4)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -358,6 +398,14 @@ def _run_torchrun(argv: list[str], handlers: list) -> int:
                 raise
             return _lost_peer("torchrun failed", err)
     except SignalException as err:
+        if finished:
+            print(
+                f"launch: stopped by {signal.Signals(err.sigval).name} after every worker of this node finished "
+                "(in torchrun's exit barrier); exit status 0",
+                file=sys.stderr,
+                flush=True,
+            )
+            return 0
         print(
             f"launch: stopped by {signal.Signals(err.sigval).name}; exit status {128 + err.sigval}",
             file=sys.stderr,
