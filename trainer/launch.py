@@ -19,6 +19,9 @@
    signal number, and workers that all exited 143 (a preemption seen on another node) end it with 143.
    Workers that all exited 2 (bad input, said in one line by the trainer) end it with 2, without
    torchrun's report; likewise 3, the verdict of a pre-flight check that ran and failed (VERDICTS).
+   A signal after every worker of this node finished (torchrun waiting in its exit barrier for the
+   other nodes) ends it with 0: the run is done, and a re-created pod would wait for a rendezvous that
+   no node joins.
    The operator restarts exactly the codes >= 128: in kubeflow/training-operator's
    release-1.9 line (v1.9.0 up to the branch head), pkg/util/train/train_util.go `IsRetryableExitCode`
    is `exitCode >= 128`, and pkg/controller.v1/common/pod.go deletes and re-creates a failed pod of an
