@@ -25,6 +25,7 @@ from generators.validation.schemas import default_crd_dir
 AUTOMATION = REPO_ROOT / "base" / "image-automation"
 JOB = REPO_ROOT / "base" / "data-staging" / "job.yaml"
 RUN_JOB = REPO_ROOT / "base" / "pytorchjob" / "pytorchjob.yaml"
+RUN_TEMPLATES = (RUN_JOB, REPO_ROOT / "base" / "trainjob" / "runtime.yaml")
 POLICY_REF = "flux-system:fsdp-trainer"
 # A line that image-automation-controller's Setters strategy updates: a YAML scalar followed by the
 # marker comment; with no ":tag"/":name" suffix in the marker the whole image reference is replaced.
@@ -130,12 +131,14 @@ def test_every_trainer_image_in_git_is_marked_and_inside_the_automation_path(obj
         "base/data-staging/job.yaml",
         "base/preflight/job.yaml",
     }
-    # The run template's image is the runs' default and never marked: each run pins its own image.
-    run_lines = [line for line in RUN_JOB.read_text().splitlines() if repository + ":" in line]
-    assert run_lines and not any(MARKED.match(line) for line in run_lines), run_lines
-    assert all(line.split("image:", 1)[1].strip() == DEFAULT_IMAGE for line in run_lines if "image:" in line)
+    # The run templates' images (the PyTorchJob's and the TrainJob runtime's) are the runs' default and
+    # never marked: each run pins its own image.
+    for template in RUN_TEMPLATES:
+        run_lines = [line for line in template.read_text().splitlines() if repository + ":" in line]
+        assert run_lines and not any(MARKED.match(line) for line in run_lines), (template, run_lines)
+        assert all(line.split("image:", 1)[1].strip() == DEFAULT_IMAGE for line in run_lines if "image:" in line)
     for f in users:
-        if f == RUN_JOB:
+        if f in RUN_TEMPLATES:
             continue
         assert (REPO_ROOT / path).resolve() in f.resolve().parents, f"{f} is outside the automation path {path}"
         lines = [line for line in f.read_text().splitlines() if repository + ":" in line]
