@@ -566,23 +566,7 @@ class Cluster:
 
     def add_shared_volume(self, pvc: dict[str, Any]) -> None:
         """A static PersistentVolume bound to `pvc` (what the FSx CSI driver would provision)."""
-        meta, spec = pvc["metadata"], pvc["spec"]
-        self.apply(
-            [
-                {
-                    "apiVersion": "v1",
-                    "kind": "PersistentVolume",
-                    "metadata": {"name": f"{meta['namespace']}-{meta['name']}"},
-                    "spec": {
-                        "capacity": {"storage": spec["resources"]["requests"]["storage"]},
-                        "accessModes": spec["accessModes"],
-                        "storageClassName": spec.get("storageClassName", ""),
-                        "hostPath": {"path": f"/fake/{meta['name']}"},
-                        "claimRef": {"namespace": meta["namespace"], "name": meta["name"]},
-                    },
-                }
-            ]
-        )
+        self.apply([persistent_volume(pvc, {"path": f"/fake/{pvc['metadata']['name']}"})])
 
     # ---------------------------------------------------------------------------------------- kubectl
 
@@ -630,6 +614,25 @@ class Cluster:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{what}: not reached in {timeout_s:.0f} s")
             time.sleep(1)
+
+
+def persistent_volume(pvc: dict[str, Any], host_path: dict[str, str], **spec: Any) -> dict[str, Any]:
+    """A static hostPath PersistentVolume bound to `pvc`, with its size, access modes and storage class
+    (what the FSx CSI driver would provision); `spec` adds fields such as the reclaim policy."""
+    meta, claim = pvc["metadata"], pvc["spec"]
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": f"{meta['namespace']}-{meta['name']}"},
+        "spec": {
+            "capacity": {"storage": claim["resources"]["requests"]["storage"]},
+            "accessModes": claim["accessModes"],
+            "storageClassName": claim.get("storageClassName", ""),
+            **spec,
+            "hostPath": host_path,
+            "claimRef": {"namespace": meta["namespace"], "name": meta["name"]},
+        },
+    }
 
 
 def fake_node(

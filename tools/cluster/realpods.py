@@ -176,6 +176,21 @@ def _pids_in_netns(inodes: set[int]) -> list[int]:
     return pids
 
 
+def _kill_until_gone(find: Callable[[], set[int]], timeout_s: float = 20) -> None:
+    """SIGKILL what `find` returns until it returns nothing (or the timeout passes)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pids = find()
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.2)
+
+
 def _cgroup_pids(name: str) -> list[int]:
     pids: set[int] = set()
     for mount in _cgroup_mounts():
@@ -729,27 +744,15 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         """A PersistentVolume bound to `pvc` standing in for FSx: a folder of the work folder (hostPath on
         the one node), with the claim's access modes, its root owned by root with mode 0755 the way a new
         FSx file system comes up. Returns the folder."""
-        meta, spec = pvc["metadata"], pvc["spec"]
+        meta = pvc["metadata"]
         path = self.dir / "volumes" / f"{meta['namespace']}-{meta['name']}"
         path.mkdir(parents=True)
         os.chown(path, 0, 0)
         path.chmod(0o755)
+        from tools.cluster.harness import persistent_volume  # harness imports this module
+
         self.cluster.apply(
-            [
-                {
-                    "apiVersion": "v1",
-                    "kind": "PersistentVolume",
-                    "metadata": {"name": f"{meta['namespace']}-{meta['name']}"},
-                    "spec": {
-                        "capacity": {"storage": spec["resources"]["requests"]["storage"]},
-                        "accessModes": spec["accessModes"],
-                        "storageClassName": spec.get("storageClassName", ""),
-                        "persistentVolumeReclaimPolicy": "Retain",
-                        "hostPath": {"path": str(path), "type": "Directory"},
-                        "claimRef": {"namespace": meta["namespace"], "name": meta["name"]},
-                    },
-                }
-            ]
+            [persistent_volume(pvc, {"path": str(path), "type": "Directory"}, persistentVolumeReclaimPolicy="Retain")]
         )
         return path
 
@@ -763,19 +766,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             if kubelet:
                 processes.stop(kubelet)
         own = {p.pid for p in self.cluster.procs.values()}
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            pids = set(_cgroup_pids(self.cgroup))
-            if self.netns:
-                pids |= {p for p in _pids_in_netns({self.netns}) if p not in own}
-            if not pids:
-                break
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.2)
+        _kill_until_gone(
+            lambda: (
+                set(_cgroup_pids(self.cgroup))
+                | ({p for p in _pids_in_netns({self.netns}) if p not in own} if self.netns else set())
+            )
+        )
         # Nothing of the cluster outlives it (its work folder is removed): no graceful stops to wait for
         # (kube-apiserver alone would take its 10 s). The holder goes last, in Cluster.stop.
         for proc in list(self.cluster.procs.values()):
@@ -787,17 +783,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
     def cleanup(self) -> None:
         """After every component stopped: what is still in the namespace, then the cgroups."""
-        deadline = time.monotonic() + 20
-        while self.netns and time.monotonic() < deadline:
-            pids = _pids_in_netns({self.netns})
-            if not pids:
-                break
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.2)
+        if self.netns:
+            _kill_until_gone(lambda: set(_pids_in_netns({self.netns})))
         for mount in _cgroup_mounts():
             for _ in range(50):
                 try:
