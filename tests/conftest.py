@@ -39,6 +39,8 @@ def unit_of(nodeid: str) -> str:
             return "realpods"  # real containers: one level at a time on one worker (module fixtures)
         if path.endswith("test_cluster_kueue.py"):
             return "kueue"  # a control plane of its own: its Kueue webhooks would hold the others' runs
+        if path.endswith("test_cluster_flux_trainjob.py"):
+            return "flux-trainjob"  # its own control plane, with the Trainer and JobSet controllers
         if path.endswith("test_cluster_flux.py"):
             param = re.search(r"\[([^\]]+)\]$", nodeid)
             return f"flux-{param.group(1)}" if param else "flux"
