@@ -134,8 +134,11 @@ def _docs(path: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict)]
 
 
-def prepare(work: Path, server: str, webhook_port: int) -> Clone:
-    """Build the served tree under work/serve and the clone under work/repo (see the module docstring)."""
+def prepare(work: Path, server: str, webhook_port: int, real_charts: dict[str, bytes] | None = None) -> Clone:
+    """Build the served tree under work/serve and the clone under work/repo (see the module docstring).
+    `webhook_port` 0: the operator's manifests as upstream has them (webhooks by Service, for the operator
+    as a real pod); `real_charts`: chart name -> a real packaged chart served instead of the stub."""
+    charts_given = real_charts or {}
     serve, repo = work / "serve", work / "repo"
     for sub in ("git", "static", "oci"):
         (serve / sub).mkdir(parents=True, exist_ok=True)
@@ -191,13 +194,14 @@ def prepare(work: Path, server: str, webhook_port: int) -> Clone:
         path = url.removeprefix("oci://").split("/", 1)[1]
         text = f.read_text()
         f.write_text(re.sub(rf"(\n(\s+)url: ){re.escape(url)}\n", rf"\1oci://{host}/{path}\n\2insecure: true\n", text))
-        _oci_push(serve, path, tag, stub_chart(path.rsplit("/", 1)[1], tag), layer_type)
+        chart_name = path.rsplit("/", 1)[1]
+        _oci_push(serve, path, tag, charts_given.get(chart_name) or stub_chart(chart_name, tag), layer_type)
     for repo_name, entries in charts.items():
         folder = serve / "static" / "helm" / repo_name
         folder.mkdir(parents=True, exist_ok=True)
         index: dict[str, list[dict[str, Any]]] = {}
         for chart, version in entries:
-            tgz = stub_chart(chart, version)
+            tgz = charts_given.get(chart) or stub_chart(chart, version)
             (folder / f"{chart}-{version}.tgz").write_bytes(tgz)
             index.setdefault(chart, []).append(
                 {
@@ -232,7 +236,8 @@ def _operator_repo(src: Path, bare: Path, tag: str, webhook_port: int) -> None:
     keep = [d for d in docs if d["kind"] == "Deployment"]  # Flux runs it as upstream does; kwok runs its pod
     out = src / "manifests" / "overlays" / "standalone"
     out.mkdir(parents=True)
-    (out / "all.yaml").write_text(yaml.safe_dump_all(harness.operator_manifests(docs, webhook_port) + keep))
+    served = harness.operator_manifests(docs, webhook_port) + keep if webhook_port else docs
+    (out / "all.yaml").write_text(yaml.safe_dump_all(served))
     (out / "kustomization.yaml").write_text(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - all.yaml\n"
     )

@@ -312,12 +312,21 @@ def steps(
     images: list[Image] | None = None,
     trainer: bool = False,
     kueue: bool = False,
+    flux: bool = False,
 ) -> list[tuple[str, Callable[[], None]]]:
     """The level's bring-up: the harness's control plane, started inside the namespaces, then the nodes:
     `gpu_nodes` shaped like `instance_type` and, with `cpu_node`, an untainted CPU node.
     `images`: [pause, utility, ...] (default: tools/cluster/image.py's, with the trainer's if `trainer`)."""
     if images is None:
         images = default_images(trainer)
+    if flux:
+        # The Training Operator and Kueue run as the pods Flux installs, from images under the upstream
+        # references (tools/cluster/controller_images.py), instead of as host processes.
+        if kueue:
+            raise ValueError("flux=True installs Kueue through Flux; leave kueue out")
+        from tools.cluster.controller_images import controller_images
+
+        images = [*images, *controller_images()]
     family = instance_type.replace(".", "-")
     nodes = [Node(f"{family}-{i}", i, instance_type) for i in range(gpu_nodes)]
     if cpu_node:
@@ -329,6 +338,10 @@ def steps(
     cluster.advertise_address = NODE_IP
     # The API server dials a node at its InternalIP (the node's name resolves nowhere here).
     cluster.apiserver_flags = ["--kubelet-preferred-address-types=InternalIP"]
+    if flux:
+        # Webhooks, CRD conversion and APIServices by Service: the API server dials the Service's
+        # endpoint (the pod's IP on the bridge) instead of its ClusterIP, which nothing routes here.
+        cluster.apiserver_flags.append("--enable-aggregator-routing=true")
     # The operator's default init-container image (alpine) cannot be pulled here; the utility image has
     # the same `nslookup` and `sh` (dash) its wait-for-master script needs.
     cluster.operator_flags = [f"--pytorch-init-container-image={images[1].name}"]
@@ -345,7 +358,7 @@ def steps(
         ("coredns", rp.coredns),
         ("kubelet", rp.kubelets),
         ("nodes", rp.ready_nodes),
-        ("training-operator", cluster._training_operator),
+        *([] if flux else [("training-operator", cluster._training_operator)]),
     ]
     if kueue:
         from tools.cluster import kueue as kueue_level
