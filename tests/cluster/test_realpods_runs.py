@@ -19,6 +19,7 @@ mount the trainer's user cannot read or write), so each mutation test asserts on
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -34,7 +35,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tools.cluster import dryrun
+from tools.cluster import dryrun, scrape
 from tools.cluster.harness import REPO_ROOT, Cluster, tool_path
 
 pytestmark = [pytest.mark.realpods, pytest.mark.cluster, pytest.mark.slow]
@@ -50,6 +51,10 @@ MAX_RETRIES = 2
 INTERVAL = 2
 JOB_LABEL = "training.kubeflow.org/job-name"
 TRAINER_UID = 10001
+METRICS_PORT = 8000  # trainer.metrics.prometheus_port of the test matrix
+MONITORS = ("podmonitors.monitoring.coreos.com", "servicemonitors.monitoring.coreos.com")
+KILL_RUN_STEPS = 40  # the SIGKILL test's run: long enough that the kill lands far from its end
+WRONG_PORT = "http-metrics"  # a port name no container of the run declares (the mutation of the scrape test)
 
 
 def small_matrix() -> dict[str, Any]:
@@ -70,7 +75,7 @@ def small_matrix() -> dict[str, Any]:
                 "training": {"batch_size_per_gpu": 2, "max_steps": STEPS, "lr": 3.0e-3, "warmup_steps": 1},
                 "parallelism": {"precision": "fp32", "compile": False},
                 "checkpoint": {"interval_steps": INTERVAL},
-                "metrics": {"prometheus_port": 8000},
+                "metrics": {"prometheus_port": METRICS_PORT},
             },
         },
         "include": [{"cluster": CLUSTER, "model": "tiny", "nodes": 2, "gpus_per_node": 1, "trainer.model.path": ""}],
@@ -292,6 +297,39 @@ def deployment(pods: Cluster) -> Iterator[Deployment]:
     yield d
 
 
+@pytest.fixture(scope="module")
+def prometheus(deployment: Deployment) -> Iterator[scrape.Prometheus]:
+    """A real Prometheus in the level's namespaces, scraping every second with the scrape configuration
+    prometheus-operator generates from the PodMonitors and ServiceMonitors the configs overlay applied
+    (read back from the API server), plus one mutant: the trainer's PodMonitor with a port name no
+    container declares. Service discovery through the harness kubeconfig, as the operator's in-cluster
+    config would; nothing static."""
+    d = deployment
+    monitors = [m for kind in MONITORS for m in d.cluster.get(kind)["items"]]
+    (trainer,) = [m for m in monitors if m["kind"] == "PodMonitor"]
+    wrong = copy.deepcopy(trainer)
+    wrong["metadata"]["name"] += "-wrong-port"
+    wrong["spec"]["podMetricsEndpoints"][0]["port"] = WRONG_PORT
+    configs = scrape.scrape_configs([*monitors, wrong], interval="1s", kubeconfig=d.cluster.kubeconfig)
+    assert not any("static_configs" in c for c in configs)
+    started = time.monotonic()
+    prom = scrape.start_prometheus(d.cluster, configs, interval="1s")
+    d.setup_s["prometheus ready"] = time.monotonic() - started
+    try:
+        yield prom
+    finally:
+        prom.stop()
+
+
+def train_longer(steps: int, *overrides: str) -> Callable[[dict[str, Any]], None]:
+    """A PyTorchJob mutation: the run's config with `steps` steps and `overrides` (trainer config keys)."""
+
+    def mutate(job: dict[str, Any]) -> None:
+        _spec(job)["containers"][0]["command"] += [f"training.max_steps={steps}", *overrides]
+
+    return mutate
+
+
 def test_the_shared_volume_comes_up_root_owned_and_the_storage_job_hands_it_over(deployment: Deployment) -> None:
     assert deployment.root == (0, 0o755)
     for sub in ("data", "checkpoints", "runs"):
@@ -335,6 +373,83 @@ def test_the_tiny_run_trains_to_succeeded_under_kueue(deployment: Deployment) ->
     assert notes.get("fsdp-gitops/step") == f"{STEPS}/{STEPS}", notes
 
 
+def test_a_real_prometheus_discovers_and_scrapes_the_run_pods_with_the_run_labels(
+    deployment: Deployment, prometheus: scrape.Prometheus
+) -> None:
+    """The PodMonitor's scrape configuration finds both pods of a training run through the API server,
+    scrapes their metrics port, and the trainer's series carry the run's labels (run from the Training
+    Operator's job-name pod label, node, namespace, pod, job from jobLabel). The mutant PodMonitor,
+    whose port name matches no container port, sees the same pods and keeps no target."""
+    d, prom = deployment, prometheus
+    pool, wrong_pool = "podMonitor/monitoring/fsdp-trainer/0", "podMonitor/monitoring/fsdp-trainer-wrong-port/0"
+    pods = [f"{d.run}-worker-{i}" for i in range(2)]
+    started = time.monotonic()
+    apply_run(d, train_longer(100_000, "checkpoint.interval_steps=100000"))  # trains until deleted
+    try:
+        d.cluster.wait_for(lambda: metrics(d), 300, "the first step")
+        first_step = time.monotonic()
+        series = d.cluster.wait_for(
+            lambda: prom.query(f'fsdp_step{{run="{d.run}"}}'), 120, "Prometheus scraping the run's fsdp_step"
+        )
+        first_scrape = time.monotonic()
+        d.cluster.wait_for(
+            lambda: len(prom.query(f'up{{run="{d.run}"}} == 1')) == 2, 60, "both pods' targets up in Prometheus"
+        )
+        d.setup_s["first step"] = first_step - started
+        d.setup_s["first scrape after the first step"] = first_scrape - first_step
+        print(f"scrape timings (s): {d.setup_s}")
+
+        # Discovered from the pods (Kubernetes service discovery, role pod), one target per pod.
+        targets = prom.targets()
+        active = [t for t in targets["activeTargets"] if t["scrapePool"] == pool]
+        assert sorted(t["labels"]["pod"] for t in active) == pods, [t["labels"] for t in active]
+        for t in active:
+            pod = d.cluster.get("pod", NS, name=t["labels"]["pod"])
+            found = t["discoveredLabels"]
+            assert found["__meta_kubernetes_pod_name"] == pod["metadata"]["name"], found
+            assert found["__meta_kubernetes_pod_ip"] == pod["status"]["podIP"], found
+            assert found["__meta_kubernetes_pod_container_port_name"] == "metrics", found
+            assert t["scrapeUrl"] == f"http://{pod['status']['podIP']}:{METRICS_PORT}/metrics", t["scrapeUrl"]
+            assert t["health"] == "up", t
+            assert t["labels"] == {
+                "container": "pytorch",
+                "endpoint": "metrics",
+                "instance": f"{pod['status']['podIP']}:{METRICS_PORT}",
+                "job": "fsdp-trainer",
+                "namespace": NS,
+                "node": pod["spec"]["nodeName"],
+                "pod": pod["metadata"]["name"],
+                "run": d.run,
+            }, t["labels"]
+
+        # The training series with the run's labels: the job's figures once (the pod of global rank 0),
+        # each node's own from every pod.
+        (step,) = series
+        assert step["metric"]["pod"] in pods and step["metric"]["namespace"] == NS, step["metric"]
+        assert 1 <= float(step["value"][1]) <= max(r["step"] for r in metrics(d)), (step, metrics(d)[-1])
+        for name in ("fsdp_tokens_per_second", "fsdp_tokens_total", "fsdp_mfu_ratio", "fsdp_loss"):
+            (found,) = prom.query(f'{name}{{run="{d.run}", namespace="{NS}", job="fsdp-trainer"}}')
+            assert found["metric"]["pod"] == step["metric"]["pod"], (name, found["metric"])
+        assert float(prom.query(f'fsdp_tokens_per_second{{run="{d.run}"}}')[0]["value"][1]) > 0
+        ranks = prom.query(f'fsdp_node_ranks{{run="{d.run}"}}')
+        assert sorted(r["metric"]["pod"] for r in ranks) == pods, ranks
+
+        # The mutation: a port name no container declares keeps none of the pods it discovers.
+        assert not [t for t in targets["activeTargets"] if t["scrapePool"] == wrong_pool], (
+            f"a PodMonitor whose port name ({WRONG_PORT}) matches no container port must yield no target"
+        )
+        dropped = {
+            t["discoveredLabels"].get("__meta_kubernetes_pod_name")
+            for t in targets["droppedTargets"]
+            if (t.get("scrapePool") or t["discoveredLabels"].get("job")) == wrong_pool
+        }
+        assert set(pods) <= dropped, (
+            f"the mutant PodMonitor (port {WRONG_PORT}) should discover the run's pods and drop them: {sorted(dropped)}"
+        )
+    finally:
+        d.cluster.kubectl("delete", "pytorchjob", "-n", NS, d.run, "--ignore-not-found", "--wait=false")
+
+
 def test_deleting_worker_0_checkpoints_within_the_grace_period_and_resumes(deployment: Deployment) -> None:
     d = deployment
     apply_run(d)
@@ -364,21 +479,44 @@ def test_deleting_worker_0_checkpoints_within_the_grace_period_and_resumes(deplo
 
 
 def test_sigkill_of_a_trainer_container_restarts_from_the_last_interval_checkpoint(deployment: Deployment) -> None:
+    """The kill lands mid-run: the run is long (KILL_RUN_STEPS), worker 1's trainer process is found
+    before the first checkpoint and killed as soon as a step past it is logged, far from the end."""
     d = deployment
-    apply_run(d)
-    d.cluster.wait_for(lambda: len(metrics(d)) >= INTERVAL + 1, 300, "a step past the first checkpoint")
-    pid = _container_pid(f"{d.run}-worker-1")
+    pod = f"{d.run}-worker-1"
+    apply_run(d, train_longer(KILL_RUN_STEPS))
+    pid = d.cluster.wait_for(lambda: _container_pid_or_none(pod), 300, f"the trainer process of {pod}")
+    uid = d.cluster.get("pod", NS, name=pod)["metadata"]["uid"]
+    deadline = time.monotonic() + 300
+    while len(metrics(d)) < INTERVAL + 1:  # polled faster than wait_for, so the kill is close to the step
+        assert job_state(d.cluster, d.run) not in ("Succeeded", "Failed"), pod_problems(
+            d.cluster, f"{JOB_LABEL}={d.run}"
+        )
+        assert time.monotonic() < deadline, "no step past the first checkpoint within 300 s"
+        time.sleep(0.2)
     os.kill(pid, signal.SIGKILL)
     killed_at = max(r["step"] for r in metrics(d))
+    assert killed_at < KILL_RUN_STEPS - INTERVAL, (
+        f"the run reached step {killed_at} of {KILL_RUN_STEPS} before the kill: too close to its end to see a restart"
+    )
     wait_run(d)
+    # The restart: restartPolicy ExitCode makes the pod's own policy Never, so the retry of exit 137 is a
+    # pod the operator re-creates (a new uid), and trainer.launch counts a second start of the replica.
+    assert d.cluster.get("pod", NS, name=pod)["metadata"]["uid"] != uid, f"{pod} was not re-created after SIGKILL"
+    attempts = sorted(p.name for p in (d.volume / "runs" / d.run / "attempts" / pod).iterdir())
+    assert len(attempts) >= 2, f"{pod} started {len(attempts)} time(s) (a restart after SIGKILL makes 2): {attempts}"
     steps = [r["step"] for r in metrics(d)]
-    restart = next(i for i in range(1, len(steps)) if steps[i] <= steps[i - 1])
     # Resumed from the newest complete interval checkpoint: the one at or before the step reached, or,
     # when the kill landed while that save was still being written in the background (asynchronous
     # saves), the one before it. Never older, never a step past the kill.
     last_interval = (killed_at // INTERVAL) * INTERVAL
-    assert steps[restart] - 1 in (last_interval, last_interval - INTERVAL), (steps, killed_at)
-    assert set(steps) == set(range(1, STEPS + 1))
+    restart = next((i for i in range(1, len(steps)) if steps[i] <= steps[i - 1]), None)
+    if restart is None:  # no step logged twice: the kill came right at a checkpoint step, resumed after it
+        assert killed_at == last_interval and steps == list(range(1, KILL_RUN_STEPS + 1)), (
+            f"no step logged again after the SIGKILL at step {killed_at}, which is not a checkpoint step: {steps}"
+        )
+    else:
+        assert steps[restart] - 1 in (last_interval, last_interval - INTERVAL), (steps, killed_at)
+    assert set(steps) == set(range(1, KILL_RUN_STEPS + 1))
 
 
 def test_a_retryable_failure_that_repeats_ends_after_max_retries(deployment: Deployment) -> None:
@@ -409,6 +547,13 @@ def test_a_retryable_failure_that_repeats_ends_after_max_retries(deployment: Dep
 
 def _container_pid(pod: str) -> int:
     """The host pid of the trainer container's first process (trainer.launch) in `pod`."""
+    pid = _container_pid_or_none(pod)
+    if pid is None:
+        raise AssertionError(f"no trainer.launch process of {pod}")
+    return pid
+
+
+def _container_pid_or_none(pod: str) -> int | None:
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -419,7 +564,7 @@ def _container_pid(pod: str) -> int:
             continue
         if b"trainer.launch" in cmd and f"FSDP_POD_NAME={pod}".encode() in env:
             return int(entry.name)
-    raise AssertionError(f"no trainer.launch process of {pod}")
+    return None
 
 
 def test_a_config_error_fails_the_job_without_restarts(deployment: Deployment) -> None:
