@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import base64
 import copy
+import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -58,6 +60,8 @@ OPERATOR_CERT_DIR = "/tmp/k8s-webhook-server/serving-certs"  # hard-coded in the
 OPERATOR_NAMESPACE = "kubeflow"
 OPERATOR_SECRET = "training-operator-webhook-cert"
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+CRD_NAMES_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+PARTIAL_METADATA = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"  # names, not 13 MB of schemas
 WATCH_LIST_ENV = "KUBE_FEATURE_WatchListClient"  # client-go's switch for watch streaming (see _start)
 
 
@@ -108,6 +112,8 @@ class Cluster:
     after_stop: list[Callable[[], None]] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)  # bring-up step -> seconds
     level: Any = None  # the level's own state, e.g. realpods.RealPods
+    use_crd_seed: bool = True  # start etcd from the data folder that already holds the CRDs (crd_seed())
+    seeded: bool = False  # it did
 
     # ------------------------------------------------------------------------------------- start/stop
 
@@ -236,6 +242,10 @@ class Cluster:
         (self.work / "hosts").write_text(f"127.0.0.1 localhost {WEBHOOK_HOST}\n")
 
     def _etcd(self) -> None:
+        if self.use_crd_seed:
+            # The CRDs are already in etcd's data: install_crds then only checks them (crd_seed()).
+            shutil.copytree(crd_seed(), self.work / "etcd")
+            self.seeded = True
         client, peer = free_port(), free_port()
         self.etcd_url = f"http://127.0.0.1:{client}"
         proc = self._start(
@@ -309,8 +319,9 @@ class Cluster:
         self._ssl = ssl.create_default_context(cafile=str(pki / "apiserver.crt"))
         proc.wait_ready(lambda: self._api_get("/readyz") == "ok", 120, "ready")
 
-    def _api_get(self, path: str) -> str | None:
-        req = urllib.request.Request(self.server + path, headers={"Authorization": f"Bearer {TOKEN}"})
+    def _api_get(self, path: str, accept: str = "") -> str | None:
+        headers = {"Authorization": f"Bearer {TOKEN}", **({"Accept": accept} if accept else {})}
+        req = urllib.request.Request(self.server + path, headers=headers)
 
         def get() -> str:
             with urllib.request.urlopen(req, timeout=5, context=self._ssl) as r:
@@ -331,7 +342,24 @@ class Cluster:
         return self.in_netns(lambda: _get(url, insecure))
 
     def install_crds(self) -> None:
-        """Every CRD of tools/cluster/schemas.py, server-side (several exceed the client-side annotation)."""
+        """Every CRD of tools/cluster/schemas.py, server-side (several exceed the client-side annotation);
+        from a seeded etcd (crd_seed()) only the check that each is there and Established."""
+        if self.seeded:
+            # The API server is ready only after its CRD informer synced, so the stored CRDs are served;
+            # what is left to wait for is discovery listing their groups (kubectl resolves kinds there).
+            want = set((crd_seed().parent / "crds.txt").read_text().split())  # the seed's own list
+            listed = json.loads(self._api_get(CRD_NAMES_PATH, PARTIAL_METADATA) or "{}")
+            missing = want - {i["metadata"]["name"] for i in listed.get("items", [])}
+            if missing:
+                raise StartError(f"the seeded etcd lacks CRDs {sorted(missing)}; remove {crd_seed().parent}")
+            groups = {n.split(".", 1)[1] for n in want}
+
+            def discovered() -> bool:
+                found = json.loads(self._api_get("/apis") or "{}")
+                return groups <= {g["name"] for g in found.get("groups", [])}
+
+            self.wait_for(discovered, 120, f"discovery listing the CRD groups {sorted(groups)}")
+            return
         args = ["apply", "--server-side", "--force-conflicts"]
         for f in schemas.crd_files():
             args += ["-f", str(f)]
@@ -409,17 +437,10 @@ class Cluster:
         )
 
     def _training_operator(self) -> None:
-        op_dir = schemas.module_dir(schemas.Source("training-operator", "github.com/kubeflow/training-operator", ()))
         self.webhook_port = free_port()
-        docs = yaml.safe_load_all(
-            subprocess.run(
-                [tool_path("kustomize"), "build", str(op_dir / "manifests" / "overlays" / "standalone")],
-                check=True,
-                capture_output=True,
-                text=True,
-            ).stdout
-        )
-        self.apply(operator_manifests(list(docs), self.webhook_port))
+        # Its CRDs are the ones install_crds applied, from the same module: only the rest is applied here.
+        docs = [d for d in operator_standalone() if d["kind"] != "CustomResourceDefinition"]
+        self.apply(operator_manifests(docs, self.webhook_port))
         certs = self.work / "operator-certs"
         certs.mkdir()
         health, metrics = free_port(), free_port()
@@ -635,6 +656,41 @@ def persistent_volume(pvc: dict[str, Any], host_path: dict[str, str], **spec: An
     }
 
 
+def crd_seed() -> Path:
+    """etcd's data folder after a bare control plane applied every CRD of schemas.crd_files() and they were
+    Established, made once per set of CRDs (and etcd, API server) and cached: a level then starts etcd from a
+    copy, and its API server serves the CRDs as soon as it is ready, instead of taking each CRD in
+    (schema conversion, OpenAPI) at every start. Only CRDs and the API server's own bootstrap objects are
+    in it; the API server reconciles those (the `kubernetes` Service's endpoints, RBAC) at start."""
+    h = hashlib.sha256()
+    for f in schemas.crd_files():
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    h.update(str(build.cached_path("kube-apiserver")).encode() + etcd_path().encode())
+    base = build.cache_root() / "etcd-seed" / h.hexdigest()[:16]
+    data = base / "data"
+    if (base / "ready").exists():
+        return data
+    base.mkdir(parents=True, exist_ok=True)
+    with open(base / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another session may be making the same seed
+        if (base / "ready").exists():
+            return data
+        maker = Cluster(Path(tempfile.mkdtemp(prefix="seed-", dir=base)), use_crd_seed=False)
+        try:
+            for _, step in maker.steps("api"):
+                step()
+            names = maker.kubectl("get", "crd", "-o", "jsonpath={.items[*].metadata.name}").split()
+            (base / "crds.txt").write_text("\n".join(sorted(names)) + "\n")
+            for proc_name in ("kube-apiserver", "etcd"):  # etcd last, and cleanly: its data is the seed
+                processes.stop(maker.procs.pop(proc_name))
+            shutil.rmtree(data, ignore_errors=True)
+            os.replace(maker.work / "etcd", data)
+            (base / "ready").touch()
+        finally:
+            maker.stop()
+    return data
+
+
 def fake_node(
     name: str, labels: dict[str, str], resources: dict[str, str], taints: list[dict[str, str]] | None = None
 ) -> dict[str, Any]:
@@ -655,6 +711,28 @@ def fake_node(
         "spec": {"taints": taints or []},
         "status": {"allocatable": resources, "capacity": resources},
     }
+
+
+def operator_standalone() -> list[dict[str, Any]]:
+    """The pinned operator's standalone manifests (kustomize build of the module's overlay), cached as JSON
+    by the module's folder (its version is in the path), so a start does not build and parse them again."""
+    op_dir = schemas.module_dir(schemas.Source("training-operator", "github.com/kubeflow/training-operator", ()))
+    key = hashlib.sha256(bytes(op_dir)).hexdigest()[:16]
+    cache = build.cache_root() / "manifests" / f"training-operator-{key}.json"
+    if cache.is_file():
+        return json.loads(cache.read_text())
+    out = subprocess.run(
+        [tool_path("kustomize"), "build", str(op_dir / "manifests" / "overlays" / "standalone")],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    docs = [d for d in yaml.load_all(out, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) if d]
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(docs))
+    os.replace(tmp, cache)
+    return docs
 
 
 def operator_manifests(docs: list[dict[str, Any]], webhook_port: int) -> list[dict[str, Any]]:

@@ -683,7 +683,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                 "imagefs.available": "1%",
                 "nodefs.inodesFree": "1%",
             },
-            "nodeStatusUpdateFrequency": "10s",
+            # A node is Ready at the first status update after the runtime reports its network ready:
+            # every second (the status is sent only when it changes, or at the report frequency).
+            "nodeStatusUpdateFrequency": "1s",
+            "nodeStatusReportFrequency": "1m",
             "syncFrequency": "10s",
             "fileCheckFrequency": "10s",
             "runtimeRequestTimeout": "2m",
