@@ -6,7 +6,9 @@
 Besides the control plane of tools/cluster/harness.py, this level runs a kubelet v1.34.2, containerd
 with its runc shim and runc (built with seccomp), the CNI bridge, host-local and loopback plugins, a
 trimmed CoreDNS and the Training Operator, all from tools/cluster/build.py. Images come from
-tools/cluster/image.py (pause, utility, and the trainer when asked for); nothing is pulled.
+tools/cluster/image.py (pause, utility, and the trainer when asked for); nothing is pulled. With
+flux=True the Training Operator (and Kueue) are not started: Flux installs them and they run as pods,
+from images under their upstream references (tools/cluster/controller_images.py).
 
 Everything runs in one private network and mount namespace, held by a `sleep infinity` started with
 `unshare`; each component is started into it with `nsenter` (Cluster._start). In that mount namespace
@@ -313,9 +315,12 @@ def steps(
     trainer: bool = False,
     kueue: bool = False,
     flux: bool = False,
+    trainjob: bool = False,
 ) -> list[tuple[str, Callable[[], None]]]:
     """The level's bring-up: the harness's control plane, started inside the namespaces, then the nodes:
     `gpu_nodes` shaped like `instance_type` and, with `cpu_node`, an untainted CPU node.
+    `trainjob`: the JobSet controller and the Kubeflow Trainer controller manager too
+    (tools/cluster/kubeflow_trainer.py: their webhook host names go into the hosts file bound at /etc/hosts).
     `images`: [pause, utility, ...] (default: tools/cluster/image.py's, with the trainer's if `trainer`)."""
     if images is None:
         images = default_images(trainer)
@@ -367,6 +372,13 @@ def steps(
             kueue_level.start(cluster)
 
         found.append(("kueue", start_kueue))
+    if trainjob:
+        from tools.cluster import kubeflow_trainer
+
+        def start_trainer() -> None:
+            kubeflow_trainer.start(cluster)
+
+        found.append(("kubeflow-trainer", start_trainer))
     return found
 
 
