@@ -315,9 +315,12 @@ def steps(
     trainer: bool = False,
     kueue: bool = False,
     flux: bool = False,
+    trainjob: bool = False,
 ) -> list[tuple[str, Callable[[], None]]]:
     """The level's bring-up: the harness's control plane, started inside the namespaces, then the nodes:
     `gpu_nodes` shaped like `instance_type` and, with `cpu_node`, an untainted CPU node.
+    `trainjob`: the JobSet controller and the Kubeflow Trainer controller manager too
+    (tools/cluster/kubeflow_trainer.py: their webhook host names go into the hosts file bound at /etc/hosts).
     `images`: [pause, utility, ...] (default: tools/cluster/image.py's, with the trainer's if `trainer`)."""
     if images is None:
         images = default_images(trainer)
@@ -369,6 +372,13 @@ def steps(
             kueue_level.start(cluster)
 
         found.append(("kueue", start_kueue))
+    if trainjob:
+        from tools.cluster import kubeflow_trainer
+
+        def start_trainer() -> None:
+            kubeflow_trainer.start(cluster)
+
+        found.append(("kubeflow-trainer", start_trainer))
     return found
 
 
