@@ -524,23 +524,24 @@ def test_a_retryable_failure_that_repeats_ends_after_max_retries(deployment: Dep
     the starts on the shared volume; the first start and MAX_RETRIES restarts are killed, and the start
     after them fails the job."""
     d = deployment
-    apply_run(d)
+    apply_run(d, train_longer(KILL_RUN_STEPS))  # a start that escaped its kill would train a while
     pod = f"{d.run}-worker-1"
+    folder = d.volume / "runs" / d.run / "attempts" / pod
     killed: set[int] = set()
     deadline = time.monotonic() + 600
     while job_state(d.cluster, d.run) not in ("Failed", "Succeeded") and time.monotonic() < deadline:
-        try:
-            pid = _container_pid(pod)
-        except AssertionError:
-            time.sleep(0.5)
-            continue
-        if pid not in killed and len(killed) < MAX_RETRIES + 1:
-            time.sleep(1)  # past the attempt's record
+        pid = _container_pid_or_none(pod)
+        # Killed only once this start recorded its attempt (a kill before it would not count, on a busy
+        # machine the interpreter's imports can take seconds), so every kill is one counted start.
+        started = len(list(folder.glob("attempt-*"))) if folder.is_dir() else 0
+        if pid is not None and pid not in killed and len(killed) < MAX_RETRIES + 1 and started > len(killed):
             os.kill(pid, signal.SIGKILL)
             killed.add(pid)
-        time.sleep(0.5)
-    assert job_state(d.cluster, d.run) == "Failed", pod_problems(d.cluster, f"{JOB_LABEL}={d.run}")
-    attempts = sorted(p.name for p in (d.volume / "runs" / d.run / "attempts" / pod).iterdir())
+        time.sleep(0.3)
+    assert job_state(d.cluster, d.run) == "Failed", (
+        f"killed {len(killed)} start(s): {pod_problems(d.cluster, f'{JOB_LABEL}={d.run}')}"
+    )
+    attempts = sorted(p.name for p in folder.iterdir())
     assert len(attempts) == MAX_RETRIES + 2, attempts
     assert len(killed) == MAX_RETRIES + 1, killed
 
