@@ -46,16 +46,27 @@ def realpods_levels() -> Iterator[dict[str, Cluster]]:
             c.stop()
 
 
+def _options_key(module: object) -> str:
+    return json.dumps(getattr(module, "REALPODS_OPTIONS", {}), sort_keys=True)
+
+
 @pytest.fixture(scope="module")
-def pods(request: pytest.FixtureRequest, realpods_levels: dict[str, Cluster]) -> Cluster:
+def pods(request: pytest.FixtureRequest, realpods_levels: dict[str, Cluster]) -> Iterator[Cluster]:
     """The real-pods level with the module's REALPODS_OPTIONS (Cluster.start's options for level "pods"),
-    shared by the modules that ask for the same options (they run on one worker, tests/conftest.py);
+    shared by the modules that ask for the same options (they run on one worker, tests/conftest.py) and
+    stopped after the last of them, so that levels with other options do not stay up beside the next;
     skips in one line where the machine lacks root, namespaces or cgroups."""
     reason = realpods.unavailable()
     if reason:
         pytest.skip(reason)
-    options = getattr(request.module, "REALPODS_OPTIONS", {})
-    key = json.dumps(options, sort_keys=True)
+    key = _options_key(request.module)
     if key not in realpods_levels:
-        realpods_levels[key] = Cluster.start("pods", **options)
-    return realpods_levels[key]
+        realpods_levels[key] = Cluster.start("pods", **getattr(request.module, "REALPODS_OPTIONS", {}))
+    yield realpods_levels[key]
+    # Modules run in collection order on their worker: a later module with the same options reuses it.
+    items = request.session.items
+    last = max(i for i, item in enumerate(items) if item.module is request.module)
+    if not any("pods" in item.fixturenames and _options_key(item.module) == key for item in items[last + 1 :]):
+        level = realpods_levels.pop(key, None)  # a module may have stopped it already
+        if level is not None:
+            level.stop()
