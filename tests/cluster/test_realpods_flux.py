@@ -29,7 +29,6 @@ the real generator. Departures, each in the copy only, each a user's own kind of
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -117,14 +116,9 @@ def _prepare_copy(pods: Cluster, clone: gitops.Clone) -> str:
 
 
 @pytest.fixture(scope="module")
-def flux_run(pods: Cluster, realpods_levels: dict[str, Cluster]) -> Iterator[FluxRun]:
-    try:
-        yield from _flux_run(pods)
-    finally:
-        # No other module asks for this level (its controllers are Flux's): stop it now rather than
-        # at the end of the session, so it does not run beside the next module's level.
-        if realpods_levels.pop(json.dumps(REALPODS_OPTIONS, sort_keys=True), None) is pods:
-            pods.stop()
+def flux_run(pods: Cluster) -> Iterator[FluxRun]:
+    # The level stops after this module (no other asks for its options: tests/cluster/conftest.py).
+    yield from _flux_run(pods)
 
 
 def _flux_run(pods: Cluster) -> Iterator[FluxRun]:
