@@ -240,6 +240,60 @@ def apply_run(d: Deployment, mutate: Callable[[dict[str, Any]], None] | None = N
     return job
 
 
+def stage_storage_and_data(d: Deployment, configs: list[dict[str, Any]], started: float) -> None:
+    """What Flux applies before a run, in its dependsOn order: the configs (without the pre-flight Job,
+    which waits for its own test in a CPU mode), the Secret Flux would decrypt (base/secrets, SOPS: here
+    a plain one with a test token), the shared-storage Job, then the staging Job, whose dataset is the
+    repository's made-up samsum records as a folder on the volume (no hub here)."""
+    apply_in_namespaces(d.cluster, [x for x in configs if not is_preflight_job(x)])
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf-token", "namespace": NS}}
+    d.cluster.apply([{**secret, "stringData": {"token": "hf_test"}}])
+    storage = d.render(f"overlays/infrastructure/{CLUSTER}/storage")
+    apply_in_namespaces(d.cluster, storage)
+    for x in storage:
+        if x["kind"] == "Job":
+            _wait_job(d.cluster, x["metadata"]["name"], 300)
+    d.setup_s["shared-storage"] = time.monotonic() - started
+    source = d.volume / "source" / "samsum"
+    source.mkdir(parents=True)
+    shutil.copy(REPO_ROOT / "tests" / "data" / "samsum_tiny.jsonl", source / "train.jsonl")
+    data = d.render(f"overlays/infrastructure/{CLUSTER}/data")
+    for x in data:
+        if x["kind"] == "Job":
+            cmd = x["spec"]["template"]["spec"]["containers"][0]["command"]
+            cmd[cmd.index("--dataset") + 1] = "/shared/source/samsum"
+    apply_in_namespaces(d.cluster, data)
+    for x in data:
+        if x["kind"] == "Job":
+            _wait_job(d.cluster, x["metadata"]["name"], 600)
+    d.setup_s["data-staging"] = time.monotonic() - started
+
+
+def admitted(d: Deployment) -> bool:
+    """Kueue admitted the run's Workload."""
+    for w in d.cluster.get("workloads.kueue.x-k8s.io", NS)["items"]:
+        owners = {o["name"] for o in w["metadata"].get("ownerReferences", [])}
+        conds = {c["type"]: c["status"] for c in w.get("status", {}).get("conditions", [])}
+        if d.run in owners and conds.get("Admitted") == "True":
+            return True
+    return False
+
+
+def assert_trained(d: Deployment) -> None:
+    """Every step logged once, the last checkpoint and the metrics written as the trainer's user, and
+    worker 0's progress annotation at the end."""
+    records = metrics(d)
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    checkpoints = d.volume / "checkpoints" / d.run
+    kept = sorted(p.name for p in checkpoints.iterdir() if p.name.startswith("step-"))
+    assert kept[-1] == f"step-{STEPS:08d}", kept
+    assert (checkpoints / kept[-1]).stat().st_uid == TRAINER_UID
+    assert (d.volume / "runs" / d.run / "metrics.jsonl").stat().st_uid == TRAINER_UID
+    pod = d.cluster.get("pod", NS, name=f"{d.run}-worker-0")
+    notes = pod["metadata"].get("annotations", {})
+    assert notes.get("fsdp-gitops/step") == f"{STEPS}/{STEPS}", notes
+
+
 @pytest.fixture(scope="module")
 def deployment(pods: Cluster) -> Iterator[Deployment]:
     started = time.monotonic()
@@ -260,40 +314,7 @@ def deployment(pods: Cluster) -> Iterator[Deployment]:
     (pvc,) = [x for x in configs if x["kind"] == "PersistentVolumeClaim"]
     volume = pods.level.shared_volume(pvc)
     d = Deployment(pods, repo, volume, run, setup, (volume.stat().st_uid, volume.stat().st_mode & 0o7777))
-    # The Secret Flux would decrypt (base/secrets, SOPS): a plain one with a test token.
-    # The pre-flight Job (8 ranks per node, expecting EFA) waits for its own test, in a CPU mode.
-    apply_in_namespaces(pods, [x for x in configs if not is_preflight_job(x)])
-    pods.apply(
-        [
-            {
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "metadata": {"name": "hf-token", "namespace": NS},
-                "stringData": {"token": "hf_test"},
-            },
-        ]
-    )
-    apply_in_namespaces(pods, d.render(f"overlays/infrastructure/{CLUSTER}/storage"))
-    storage = [
-        x["metadata"]["name"] for x in d.render(f"overlays/infrastructure/{CLUSTER}/storage") if x["kind"] == "Job"
-    ]
-    for job in storage:
-        _wait_job(pods, job, 300)
-    setup["shared-storage"] = time.monotonic() - started
-    # The dataset the staging Job reads: the repository's made-up samsum records, as a local folder.
-    source = volume / "source" / "samsum"
-    source.mkdir(parents=True)
-    shutil.copy(REPO_ROOT / "tests" / "data" / "samsum_tiny.jsonl", source / "train.jsonl")
-    data = d.render(f"overlays/infrastructure/{CLUSTER}/data")
-    for x in data:
-        if x["kind"] == "Job":
-            cmd = x["spec"]["template"]["spec"]["containers"][0]["command"]
-            cmd[cmd.index("--dataset") + 1] = "/shared/source/samsum"
-    apply_in_namespaces(pods, data)
-    for x in data:
-        if x["kind"] == "Job":
-            _wait_job(pods, x["metadata"]["name"], 600)
-    setup["data-staging"] = time.monotonic() - started
+    stage_storage_and_data(d, configs, started)
     yield d
 
 
@@ -347,30 +368,12 @@ def test_the_tiny_run_trains_to_succeeded_under_kueue(deployment: Deployment) ->
     d = deployment
     started = time.monotonic()
     apply_run(d)
-
-    def admitted() -> bool:
-        for w in d.cluster.get("workloads.kueue.x-k8s.io", NS)["items"]:
-            owners = {o["name"] for o in w["metadata"].get("ownerReferences", [])}
-            conds = {c["type"]: c["status"] for c in w.get("status", {}).get("conditions", [])}
-            if d.run in owners and conds.get("Admitted") == "True":
-                return True
-        return False
-
-    d.cluster.wait_for(admitted, 180, "Kueue admits the run's Workload")
+    d.cluster.wait_for(lambda: admitted(d), 180, "Kueue admits the run's Workload")
     d.cluster.wait_for(lambda: metrics(d), 300, "the first step")
     check_access(d, f"{d.run}-worker-1")
     wait_run(d)
     d.setup_s["tiny run"] = time.monotonic() - started
-    records = metrics(d)
-    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
-    checkpoints = d.volume / "checkpoints" / d.run
-    kept = sorted(p.name for p in checkpoints.iterdir() if p.name.startswith("step-"))
-    assert kept[-1] == f"step-{STEPS:08d}", kept
-    assert (checkpoints / kept[-1]).stat().st_uid == TRAINER_UID
-    assert (d.volume / "runs" / d.run / "metrics.jsonl").stat().st_uid == TRAINER_UID
-    pod = d.cluster.get("pod", NS, name=f"{d.run}-worker-0")
-    notes = pod["metadata"].get("annotations", {})
-    assert notes.get("fsdp-gitops/step") == f"{STEPS}/{STEPS}", notes
+    assert_trained(d)
 
 
 def test_a_real_prometheus_discovers_and_scrapes_the_run_pods_with_the_run_labels(

@@ -40,16 +40,14 @@ from test_realpods_runs import (
     Deployment,
     _copy_repository,
     _set_images,
-    _wait_job,
-    apply_in_namespaces,
-    is_preflight_job,
     metrics,
     pod_problems,
     small_matrix,
+    stage_storage_and_data,
 )
 
 from tools.cluster import dryrun
-from tools.cluster.harness import REPO_ROOT, Cluster
+from tools.cluster.harness import Cluster
 
 pytestmark = [pytest.mark.realpods, pytest.mark.cluster, pytest.mark.slow]
 
@@ -99,35 +97,7 @@ def deployment(pods: Cluster) -> Iterator[Deployment]:
     volume = pods.level.shared_volume(pvc)
     d = Deployment(pods, repo, volume, run, {})
     # The configs carry the ClusterTrainingRuntime (validated by the Trainer's webhook on apply).
-    apply_in_namespaces(pods, [x for x in configs if not is_preflight_job(x)])
-    pods.apply(
-        [
-            {
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "metadata": {"name": "hf-token", "namespace": NS},
-                "stringData": {"token": "hf_test"},
-            }
-        ]
-    )
-    storage = d.render(f"overlays/infrastructure/{CLUSTER}/storage")
-    apply_in_namespaces(pods, storage)
-    for x in storage:
-        if x["kind"] == "Job":
-            _wait_job(pods, x["metadata"]["name"], 300)
-    source = volume / "source" / "samsum"
-    source.mkdir(parents=True)
-    shutil.copy(REPO_ROOT / "tests" / "data" / "samsum_tiny.jsonl", source / "train.jsonl")
-    data = d.render(f"overlays/infrastructure/{CLUSTER}/data")
-    for x in data:
-        if x["kind"] == "Job":
-            cmd = x["spec"]["template"]["spec"]["containers"][0]["command"]
-            cmd[cmd.index("--dataset") + 1] = "/shared/source/samsum"
-    apply_in_namespaces(pods, data)
-    for x in data:
-        if x["kind"] == "Job":
-            _wait_job(pods, x["metadata"]["name"], 600)
-    d.setup_s["shared storage and data staging"] = time.monotonic() - started
+    stage_storage_and_data(d, configs, started)
     yield d
     print(f"\nTrainJob real-pods timings (s): { {k: round(v, 1) for k, v in d.setup_s.items()} }")
 
