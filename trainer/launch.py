@@ -321,6 +321,11 @@ class GuardStop:
         print(f"launch: stopping the run: {reason}", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGTERM)
 
+    def note(self, reason: str) -> None:
+        """A guard's reason found after torchrun ended (nothing left to stop)."""
+        with self._lock:
+            self.reason = self.reason or reason
+
     def exit_status(self, status: int) -> int:
         """1 with the guard's line when a guard stopped the run, else `status`."""
         if not self.reason:
@@ -366,6 +371,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         for watch in watches:
             watch.close()
+    if transport is not None and not stop.reason and (reason := transport.failure()):
+        # The peer node's check stopped its run first, and this node saw that as a lost peer before its
+        # own check ran; its logs (read to the end by close) name the same wrong transport, which a
+        # restart would not fix: the run fails with that line, not as a retryable lost peer.
+        stop.note(reason)
     return stop.exit_status(status)
 
 

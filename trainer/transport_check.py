@@ -132,6 +132,11 @@ class TransportWatch:
         )
         return f"NCCL uses the {self.transport} transport between nodes, expected {self.expected}{hint}"
 
+    def failure(self) -> str:
+        """The reason to stop the run for a transport other than the expected one ("" for none, or in warn mode)."""
+        line = self.mismatch()
+        return f"{line}; exit status 1 ({MODE_ENV}=warn only warns)" if line and self.mode != "warn" else ""
+
     def start(self, stop: Callable[[str], None]) -> None:
         self._thread = threading.Thread(target=self._run, args=(stop,), name="transport-check", daemon=True)
         self._thread.start()
@@ -156,4 +161,4 @@ class TransportWatch:
             if self.mode == "warn":
                 print(f"warning: {line} ({MODE_ENV}=warn: training on)", file=sys.stderr, flush=True)
             else:
-                stop(f"{line}; exit status 1 ({MODE_ENV}=warn only warns)")
+                stop(self.failure())
