@@ -659,4 +659,38 @@ def test_the_preflight_job_runs_on_two_nodes_over_gloo(deployment: Deployment) -
     pods = d.cluster.get("pods", NS, selector=f"job-name={name}")["items"]
     assert len({p["spec"]["nodeName"] for p in pods}) == 2
     logs = "".join(d.cluster.kubectl("logs", "-n", NS, p["metadata"]["name"]) for p in pods)
-    assert "gloo" in logs, logs[-2000:]
+    (result,) = [json.loads(x) for x in logs.splitlines() if x.startswith('{"world_size"')]  # rank 0's line
+    assert (result["transport"], result["passed"], result["world_size"]) == ("gloo", True, 2), result
+
+
+def test_the_preflight_job_fails_at_once_on_the_wrong_transport(deployment: Deployment) -> None:
+    """The exit path of a failed check: the generated expectation (EFA) is kept, the measurement is gloo,
+    so preflight exits 3 (CHECK_FAILED), trainer.launch passes 3 through torchrun, and the Job's
+    podFailurePolicy fails the whole Job on it without the backoffLimit's retries."""
+    d = deployment
+    (job,) = [x for x in d.render(f"overlays/infrastructure/{CLUSTER}/configs") if is_preflight_job(x)]
+    name = job["metadata"]["name"]
+    cmd = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert cmd[cmd.index("--expect-transport") + 1] == "efa"
+    cmd[:] = ["--nproc_per_node=1" if a.startswith("--nproc_per_node=") else a for a in cmd]
+    d.cluster.kubectl("delete", "job", "-n", NS, name, "--ignore-not-found", "--wait=true")
+    apply_in_namespaces(d.cluster, [job])
+
+    def failed() -> dict[str, Any] | None:
+        conds = d.cluster.get("job", NS, name=name).get("status", {}).get("conditions", [])
+        return next((c for c in conds if c["type"] == "Failed" and c["status"] == "True"), None)
+
+    cond = d.cluster.wait_for(failed, 300, f"Job {name} failed")
+    assert cond["reason"] == "PodFailurePolicy", cond
+    pods = d.cluster.get("pods", NS, selector=f"job-name={name}")["items"]
+    codes = [
+        cs["state"]["terminated"]["exitCode"]
+        for p in pods
+        for cs in p["status"].get("containerStatuses", [])
+        if "terminated" in cs.get("state", {})
+    ]
+    assert 3 in codes, codes
+    assert len(pods) <= 2, [p["metadata"]["name"] for p in pods]  # failed at once: no retry pods
+    logs = "".join(d.cluster.kubectl_result("logs", "-n", NS, p["metadata"]["name"]).stdout for p in pods)
+    assert "transport gloo, expected efa" in logs, logs[-2000:]
+    d.cluster.kubectl("delete", "job", "-n", NS, name, "--wait=true")

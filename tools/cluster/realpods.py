@@ -813,6 +813,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         """After every component stopped: what is still in the namespace, then the cgroups."""
         if self.netns:
             _kill_until_gone(lambda: set(_pids_in_netns({self.netns})))
+            # Empty, the namespace is gone, and the kernel may give its inode number to a namespace of
+            # another level (another test worker's): leftovers() stops looking at it.
+            if self.netns in NETNS and not _pids_in_netns({self.netns}):
+                NETNS.remove(self.netns)
         for mount in _cgroup_mounts():
             for _ in range(50):
                 try:
