@@ -52,27 +52,6 @@ def unit_of(nodeid: str) -> str:
     return path
 
 
-# The units that take minutes (control planes and real-pods levels), longest first: they are handed out
-# first, and the many short modules fill in behind them, so no long unit starts near the end while the
-# other worker has nothing left (xdist's own order, by number of tests, put them last).
-LONG_UNITS = (
-    "realpods",
-    "flux-trainjob",
-    "realpods-flux",
-    "realpods-trainjob",
-    "cluster",
-    "flux-fsdp-p4de",
-    "flux-fsdp-p5",
-    "kueue",
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The long units first, each keeping its tests' order (module fixtures); the rest as collected."""
-    rank = {u: i for i, u in enumerate(LONG_UNITS)}
-    items.sort(key=lambda item: rank.get(unit_of(item.nodeid), len(rank)))
-
-
 if LoadScopeScheduling is not None:
 
     class _ByUnit(LoadScopeScheduling):
@@ -81,5 +60,4 @@ if LoadScopeScheduling is not None:
 
     @pytest.hookimpl(optionalhook=True)  # `-p no:xdist` leaves the hook without a spec
     def pytest_xdist_make_scheduler(config, log):
-        config.option.loadscopereorder = False  # units in collection order: LONG_UNITS first
         return _ByUnit(config, log)
