@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from tools.cluster import harness, schemas
+from tools.cluster import harness
 
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "harness",
@@ -225,14 +225,7 @@ def prepare(work: Path, server: str, webhook_port: int, real_charts: dict[str, b
 
 def _operator_repo(src: Path, bare: Path, tag: str, webhook_port: int) -> None:
     """The operator's standalone overlay, rendered once with its webhooks on loopback, as its own repo."""
-    module = schemas.module_dir(schemas.Source("training-operator", "github.com/kubeflow/training-operator", ()))
-    rendered = subprocess.run(
-        [harness.tool_path("kustomize"), "build", str(module / "manifests" / "overlays" / "standalone")],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    docs = [d for d in yaml.safe_load_all(rendered) if isinstance(d, dict)]
+    docs = harness.operator_standalone()
     keep = [d for d in docs if d["kind"] == "Deployment"]  # Flux runs it as upstream does; kwok runs its pod
     out = src / "manifests" / "overlays" / "standalone"
     out.mkdir(parents=True)

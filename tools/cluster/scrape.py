@@ -248,22 +248,29 @@ def pod_monitor_configs(
         ]
         rel += _pod_target_labels(spec.get("podTargetLabels") or [], "pod")
         rel.append({"target_label": "job", "replacement": f"{ns}/{name}"})
-        if spec.get("jobLabel"):
-            rel.append(
-                {
-                    "source_labels": [f"__meta_kubernetes_pod_label_{sanitize(spec['jobLabel'])}"],
-                    "target_label": "job",
-                    "regex": "(.+)",
-                    "replacement": "${1}",
-                }
-            )
-        if ep.get("port"):
-            rel.append({"target_label": "endpoint", "replacement": ep["port"]})
-        rel += _relabel(ep.get("relabelings") or [], f"{ep_where}.relabelings")
-        rel += _sharding()
+        rel += _job_and_endpoint(spec, ep, ep_where, "pod")
         cfg["relabel_configs"] = rel
         out.append(_endpoint_tail(cfg, ep, ep_where))
     return out
+
+
+def _job_and_endpoint(spec: dict[str, Any], ep: dict[str, Any], ep_where: str, role: str) -> list[dict[str, Any]]:
+    """The rules both monitor kinds end with, after their default `job`: the jobLabel's value (from the
+    pod's or the service's labels) as `job`, the port name as `endpoint`, the endpoint's own
+    relabelings, then the shard rules."""
+    rel: list[dict[str, Any]] = []
+    if spec.get("jobLabel"):
+        rel.append(
+            {
+                "source_labels": [f"__meta_kubernetes_{role}_label_{sanitize(spec['jobLabel'])}"],
+                "target_label": "job",
+                "regex": "(.+)",
+                "replacement": "${1}",
+            }
+        )
+    if ep.get("port"):
+        rel.append({"target_label": "endpoint", "replacement": ep["port"]})
+    return rel + _relabel(ep.get("relabelings") or [], f"{ep_where}.relabelings") + _sharding()
 
 
 def service_monitor_configs(
@@ -314,19 +321,7 @@ def service_monitor_configs(
         rel += _pod_target_labels(spec.get("targetLabels") or [], "service")
         rel += _pod_target_labels(spec.get("podTargetLabels") or [], "pod")
         rel.append({"source_labels": ["__meta_kubernetes_service_name"], "target_label": "job", "replacement": "${1}"})
-        if spec.get("jobLabel"):
-            rel.append(
-                {
-                    "source_labels": [f"__meta_kubernetes_service_label_{sanitize(spec['jobLabel'])}"],
-                    "target_label": "job",
-                    "regex": "(.+)",
-                    "replacement": "${1}",
-                }
-            )
-        if ep.get("port"):
-            rel.append({"target_label": "endpoint", "replacement": ep["port"]})
-        rel += _relabel(ep.get("relabelings") or [], f"{ep_where}.relabelings")
-        rel += _sharding()
+        rel += _job_and_endpoint(spec, ep, ep_where, "service")
         cfg["relabel_configs"] = rel
         out.append(_endpoint_tail(cfg, ep, ep_where))
     return out
