@@ -797,6 +797,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         _kill_until_gone(
             lambda: (
                 set(_cgroup_pids(self.cgroup))
+                | self._task_pids()
                 | ({p for p in _pids_in_netns({self.netns}) if p not in own} if self.netns else set())
             )
         )
@@ -808,6 +809,27 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                     os.killpg(proc.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+
+    def _task_pids(self) -> set[int]:
+        """The first process of every container the nodes' containerds run: a container can end up in a
+        cgroup outside the level's (containerd's default /k8s.io/<id>) and in a network namespace of its
+        pod, where the other two sweeps do not look. Its pid namespace ends with that process."""
+        pids: set[int] = set()
+        for sock in self.socks.values():
+            try:
+                res = subprocess.run(
+                    [str(build.binary("ctr")), f"--address={sock}", "-n", "k8s.io", "tasks", "ls"],
+                    capture_output=True,
+                    text=True,
+                    timeout=20,
+                )
+            except subprocess.TimeoutExpired:
+                continue
+            for line in res.stdout.splitlines()[1:]:  # TASK PID STATUS
+                fields = line.split()
+                if len(fields) >= 3 and fields[1].isdigit() and fields[2] == "RUNNING":
+                    pids.add(int(fields[1]))
+        return pids
 
     def cleanup(self) -> None:
         """After every component stopped: what is still in the namespace, then the cgroups."""
