@@ -15,7 +15,9 @@ bash tools/setup.sh test
 # finding fails the command.
 "$python" -m ruff check .
 "$python" -m ruff format --check .
-"$python" -m mypy
+# mypy's incremental cache lives beside the other caches, so a fresh clone checks in about a second
+# instead of 40 (entries are checked against each file's hash, never trusted blindly).
+"$python" -m mypy --cache-dir "${FSDP_GITOPS_CACHE:-$HOME/.cache/fsdp-gitops}/mypy"
 export FSDP_GITOPS_CRD_SCHEMAS="${FSDP_GITOPS_CRD_SCHEMAS:-$("$python" -m tools.cluster.schemas)}"
 "$python" generators/expand.py matrix.yaml --check
 "$python" generators/validate.py --crd-schemas "$FSDP_GITOPS_CRD_SCHEMAS"
