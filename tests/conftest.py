@@ -36,11 +36,11 @@ def unit_of(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
     if path.startswith("tests/cluster/"):
         if path.startswith("tests/cluster/test_realpods_"):
-            # Real containers: the level and runs modules share one started level (same options), so
-            # they are one unit; every other real-pods module starts a level of its own and is its own
-            # unit, so two levels can run at once on two workers.
-            name = path.removeprefix("tests/cluster/test_realpods_").removesuffix(".py")
-            return "realpods" if name in ("level", "runs") else f"realpods-{name}"
+            # Real containers: every real-pods module is one unit, run by one worker, one level at a
+            # time (a level is stopped after the last module with its options). Two levels side by side
+            # on 2 CPUs slowed both and broke their timing; in one unit they follow each other while
+            # the other workers run the rest.
+            return "realpods"
         if path.endswith("test_cluster_kueue.py"):
             return "kueue"  # a control plane of its own: its Kueue webhooks would hold the others' runs
         if path.endswith("test_cluster_flux_trainjob.py"):
