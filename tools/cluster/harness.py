@@ -42,6 +42,8 @@ import ssl
 import subprocess
 import tempfile
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -114,6 +116,8 @@ class Cluster:
     level: Any = None  # the level's own state, e.g. realpods.RealPods
     use_crd_seed: bool = True  # start etcd from the data folder that already holds the CRDs (crd_seed())
     seeded: bool = False  # it did
+    # The server's resources as get() reads them (_discover()), asked once and again for an unknown name.
+    _discovery: list[tuple[str, str, bool, str, frozenset[str], str]] | None = field(default=None, repr=False)
 
     # ------------------------------------------------------------------------------------- start/stop
 
@@ -616,11 +620,97 @@ class Cluster:
         )
 
     def get(self, kind: str, namespace: str | None = None, name: str = "", selector: str = "") -> Any:
-        args = ["get", kind, *([name] if name else []), "-o", "json"]
-        args += ["-n", namespace] if namespace else ["-A"] if not name else []
+        """What `kubectl get KIND [NAME] -o json` prints (-n NAMESPACE, else -A for a list; -l SELECTOR),
+        read straight from the API server: the tests poll this every second, and a kubectl start per poll
+        cost more CPU than the polling itself. A kind discovery does not know goes through kubectl."""
+        found = self._resource(kind)
+        if found is None:
+            args = ["get", kind, *([name] if name else []), "-o", "json"]
+            args += ["-n", namespace] if namespace else ["-A"] if not name else []
+            if selector:
+                args += ["-l", selector]
+            return json.loads(self.kubectl(*args))
+        group_version, plural, namespaced, kind_name = found
+        path = "/api/v1" if group_version == "v1" else f"/apis/{group_version}"
+        ns = namespace or ("default" if name else "")
+        if namespaced and ns:
+            path += f"/namespaces/{urllib.parse.quote(ns)}"
+        path += f"/{plural}" + (f"/{urllib.parse.quote(name)}" if name else "")
         if selector:
-            args += ["-l", selector]
-        return json.loads(self.kubectl(*args))
+            path += "?" + urllib.parse.urlencode({"labelSelector": selector})
+        status, body = self._api_request(path)
+        if status != 200:
+            try:
+                message = json.loads(body).get("message", body)
+            except json.JSONDecodeError:
+                message = body
+            raise RuntimeError(f"kubectl get {kind} {name} failed: Error from server: {message}".replace("  ", " "))
+        obj = json.loads(body)
+        if name:
+            return obj
+        for item in obj.get("items", []):  # a list leaves them out; kubectl's List has them on every item
+            item.setdefault("apiVersion", group_version)
+            item.setdefault("kind", kind_name)
+        return {"apiVersion": "v1", "kind": "List", "items": obj.get("items", []), "metadata": {"resourceVersion": ""}}
+
+    def _api_request(self, path: str, accept: str = "application/json") -> tuple[int, str]:
+        """GET path from the API server as the admin: (status, body), errors included."""
+        req = urllib.request.Request(self.server + path, headers={"Authorization": f"Bearer {TOKEN}", "Accept": accept})
+
+        def get() -> tuple[int, str]:
+            try:
+                with urllib.request.urlopen(req, timeout=30, context=self._ssl) as r:
+                    return r.status, r.read().decode()
+            except urllib.error.HTTPError as e:
+                return e.code, e.read().decode()
+
+        result: tuple[int, str] = self.in_netns(get)
+        return result
+
+    def _resource(self, kind: str) -> tuple[str, str, bool, str] | None:
+        """kubectl's reading of a resource name (plural, singular, short name or kind, optionally followed
+        by .group or .version.group) -> (group/version, plural, namespaced, Kind), from the server's
+        aggregated discovery; asked again once when the name is not known yet (CRDs applied since)."""
+        for fresh in (False, True):
+            if fresh or self._discovery is None:
+                self._discovery = self._discover()
+            for entry in self._discovery:
+                if _names_resource(kind, entry):
+                    return entry[0], entry[1], entry[2], entry[3]
+        return None
+
+    def _discover(self) -> list[tuple[str, str, bool, str, frozenset[str], str]]:
+        """(group/version, plural, namespaced, Kind, names, group) for every resource, the core group first,
+        then the groups and versions in the server's order of preference."""
+        accept = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
+        found = []
+        for path in ("/api", "/apis"):
+            status, body = self._api_request(path, accept)
+            if status != 200:
+                raise RuntimeError(f"discovery {path}: HTTP {status}: {body[:200]}")
+            for group in json.loads(body).get("items", []):
+                gname = group.get("metadata", {}).get("name", "")
+                for version in group.get("versions", []):
+                    gv = f"{gname}/{version['version']}" if gname else version["version"]
+                    for r in version.get("resources", []):
+                        kind_name = r.get("responseKind", {}).get("kind", "")
+                        names = {
+                            r["resource"],
+                            r.get("singularResource", ""),
+                            kind_name.lower(),
+                            *r.get("shortNames", []),
+                        }
+                        found.append(
+                            (
+                                gv,
+                                r["resource"],
+                                r.get("scope") == "Namespaced",
+                                kind_name,
+                                frozenset(names - {""}),
+                                gname,
+                            )
+                        )
+        return found
 
     def wait_for(self, check, timeout_s: float, what: str):
         """Poll check() until it returns something truthy; every component must stay alive meanwhile."""
@@ -635,6 +725,19 @@ class Cluster:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{what}: not reached in {timeout_s:.0f} s")
             time.sleep(1)
+
+
+def _names_resource(kind: str, entry: tuple[str, str, bool, str, frozenset[str], str]) -> bool:
+    """Whether kubectl's resource argument `kind` names the discovered resource `entry`."""
+    gv, _, _, _, names, group = entry
+    version = gv.rsplit("/", 1)[-1]
+    name = kind.lower()
+    if name in names:
+        return True
+    for n in names:
+        if group and name in (f"{n}.{group}", f"{n}.{version}.{group}"):
+            return True
+    return False
 
 
 def persistent_volume(pvc: dict[str, Any], host_path: dict[str, str], **spec: Any) -> dict[str, Any]:

@@ -99,8 +99,20 @@ def pinned_version(src: Source) -> tuple[str, str]:
     )
 
 
+_MODULE_DIRS: dict[Source, Path] = {}
+
+
 def module_dir(src: Source) -> Path:
-    """The extracted module zip in the Go module cache, downloaded if needed and checked against go.sum."""
+    """The extracted module zip in the Go module cache, downloaded if needed and checked against go.sum
+    (once per process: `go mod download` costs a Go start each time, and the tests ask many times)."""
+    known = _MODULE_DIRS.get(src)
+    if known is not None and known.is_dir():
+        return known
+    _MODULE_DIRS[src] = found = _module_dir(src)
+    return found
+
+
+def _module_dir(src: Source) -> Path:
     version, want = pinned_version(src)
     if shutil.which("go") is None:
         raise SchemaError(
