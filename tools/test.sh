@@ -22,9 +22,12 @@ export FSDP_GITOPS_CRD_SCHEMAS="${FSDP_GITOPS_CRD_SCHEMAS:-$("$python" -m tools.
 "$python" generators/expand.py matrix.yaml --check
 "$python" generators/validate.py --crd-schemas "$FSDP_GITOPS_CRD_SCHEMAS"
 status=0
-# Spread over the CPUs (FSDP_TEST_WORKERS=0 runs in one process): whole modules per worker, and each
-# cluster control plane's tests on one worker (tests/conftest.py).
-"$python" -m pytest -q -n "${FSDP_TEST_WORKERS:-auto}" "$@" || status=$?
+# Spread over the CPUs (FSDP_TEST_WORKERS=0 runs in one process): whole modules per worker, each
+# cluster control plane's tests on one worker, the real-pods levels one after another on one worker
+# (tests/conftest.py). One worker more than CPUs: the cluster tests spend much of their time waiting on
+# controllers, which a further worker fills (measured: benchmarks/reports/2026-12-02-test-command.md).
+workers="${FSDP_TEST_WORKERS:-$(($(nproc) + 1))}"
+"$python" -m pytest -q -n "$workers" "$@" || status=$?
 if [ "$status" -eq 5 ]; then
   echo "pytest collected no tests: that is a failure of this suite" >&2
   exit 1
