@@ -171,3 +171,23 @@ def test_a_pytorchjob_rendezvous_by_the_operators_service_names(pods: Cluster) -
     assert [c["name"] for c in worker["spec"]["initContainers"]] == ["init-pytorch"]
     assert worker["spec"]["initContainers"][0]["image"] == utility(pods)
     print(f"PyTorchJob 1 master + 1 worker: {elapsed:.1f} s")
+
+
+def test_a_pod_still_running_at_the_stop_leaves_no_cgroup(pods: Cluster) -> None:
+    """Without QoS cgroups the kubelet hands containerd no cgroup parent: the sandbox and the container
+    get containerd's default cgroup /k8s.io/<id> in every hierarchy, outside the level's own. This pod
+    is still running when the level stops; the suite's last check (tests/cluster/conftest.py) fails if
+    either cgroup is left, so the stop must kill and remove what it did not create itself."""
+    spec = pod("left-running", utility(pods), "sleep 3600")
+    pods.apply([spec])
+
+    def running() -> dict[str, Any] | None:
+        p = pods.get("pod", "default", name="left-running")
+        statuses = p["status"].get("containerStatuses", [])
+        return p if statuses and statuses[0].get("state", {}).get("running") else None
+
+    p = pods.wait_for(running, 120, "pod left-running runs")
+    cid = p["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
+    where = [m for m in realpods._cgroup_mounts() if (m / "k8s.io" / cid).is_dir()]
+    assert where, f"container {cid} has no cgroup under /k8s.io in any hierarchy"
+    realpods.CONTAINER_CGROUPS.add(f"k8s.io/{cid}")  # what the suite's last check expects gone

@@ -102,6 +102,11 @@ _HOST_BEFORE = {p: os.path.exists(p) for p in HOST_PATHS}
 CGROUPS: list[str] = []
 NETNS: list[int] = []  # inode numbers of the holders' network namespaces
 WORKS: list[Path] = []
+# The kubelet without QoS cgroups hands containerd no cgroup parent, so every sandbox and container gets
+# containerd's default cgroup /k8s.io/<container id> in each hierarchy, outside the level's: the ids the
+# level's containerds knew, removed at stop (a killed shim leaves its container's cgroup behind).
+CONTAINER_CGROUPS: set[str] = set()
+_PARENT_BEFORE: dict[Path, bool] = {}  # each hierarchy's /k8s.io before the first level: removed if it was not
 
 
 def unavailable() -> str:
@@ -264,7 +269,7 @@ def leftovers() -> list[str]:
     found = []
     for pid in _pids_in_netns(set(NETNS)):
         found.append(f"process {pid} still runs in a real-pods network namespace")
-    for name in CGROUPS:
+    for name in [*CGROUPS, *sorted(CONTAINER_CGROUPS)]:
         for mount in _cgroup_mounts():
             if (mount / name).exists():
                 found.append(f"cgroup {mount / name} still exists")
@@ -467,6 +472,8 @@ class RealPods:
         self.netns = _ns_inode(proc.pid, "net")
         NETNS.append(self.netns)
         self.cluster.holder = proc.pid
+        for mount in _cgroup_mounts():
+            _PARENT_BEFORE.setdefault(mount, (mount / "k8s.io").exists())
         for mount in _cgroup_v1_mounts():
             # The kubelet's cgroupRoot must exist in every hierarchy; cpuset needs its cpus and mems.
             if self.cgroup not in CGROUPS:
@@ -794,6 +801,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             if kubelet:
                 processes.stop(kubelet)
         own = {p.pid for p in self.cluster.procs.values()}
+        CONTAINER_CGROUPS.update(f"k8s.io/{cid}" for cid in self._ctr_lines("containers", "ls", "-q"))
         _kill_until_gone(
             lambda: (
                 set(_cgroup_pids(self.cgroup))
@@ -815,21 +823,27 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         cgroup outside the level's (containerd's default /k8s.io/<id>) and in a network namespace of its
         pod, where the other two sweeps do not look. Its pid namespace ends with that process."""
         pids: set[int] = set()
+        for line in self._ctr_lines("tasks", "ls"):
+            fields = line.split()  # TASK PID STATUS (and the heading)
+            if len(fields) >= 3 and fields[1].isdigit() and fields[2] == "RUNNING":
+                pids.add(int(fields[1]))
+        return pids
+
+    def _ctr_lines(self, *args: str) -> list[str]:
+        """What `ctr -n k8s.io ARGS` prints for every node's containerd, line by line."""
+        lines: list[str] = []
         for sock in self.socks.values():
             try:
                 res = subprocess.run(
-                    [str(build.binary("ctr")), f"--address={sock}", "-n", "k8s.io", "tasks", "ls"],
+                    [str(build.binary("ctr")), f"--address={sock}", "-n", "k8s.io", *args],
                     capture_output=True,
                     text=True,
                     timeout=20,
                 )
             except subprocess.TimeoutExpired:
                 continue
-            for line in res.stdout.splitlines()[1:]:  # TASK PID STATUS
-                fields = line.split()
-                if len(fields) >= 3 and fields[1].isdigit() and fields[2] == "RUNNING":
-                    pids.add(int(fields[1]))
-        return pids
+            lines += [line for line in res.stdout.splitlines() if line.strip()]
+        return lines
 
     def cleanup(self) -> None:
         """After every component stopped: what is still in the namespace, then the cgroups."""
@@ -839,10 +853,20 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             # another level (another test worker's): leftovers() stops looking at it.
             if self.netns in NETNS and not _pids_in_netns({self.netns}):
                 NETNS.remove(self.netns)
+        _kill_until_gone(lambda: {pid for name in CONTAINER_CGROUPS for pid in _cgroup_pids(name)})
         for mount in _cgroup_mounts():
-            for _ in range(50):
+            for name in [self.cgroup, *sorted(CONTAINER_CGROUPS)]:
+                for _ in range(50):
+                    try:
+                        _rmdir_tree(mount / name)
+                        break
+                    except OSError:  # EBUSY while the last killed processes leave
+                        time.sleep(0.2)
+            if _PARENT_BEFORE.get(mount) is False:
                 try:
-                    _rmdir_tree(mount / self.cgroup)
-                    break
-                except OSError:  # EBUSY while the last killed processes leave
-                    time.sleep(0.2)
+                    (mount / "k8s.io").rmdir()  # only once empty: another level may still use it
+                except OSError:
+                    pass
+        CONTAINER_CGROUPS.difference_update(
+            {n for n in CONTAINER_CGROUPS if not any((m / n).exists() for m in _cgroup_mounts())}
+        )
