@@ -162,6 +162,40 @@ def leftovers() -> list[str]:
         for row in rows:
             cols = row.split()
             port = int(cols[1].rsplit(":", 1)[1], 16)
-            if cols[3] == "0A" and port in PORTS:  # 0A: LISTEN
+            if cols[3] == "0A" and port in PORTS and not _a_siblings(int(cols[9])):  # 0A: LISTEN
                 found.append(f"port {port} still listens")
     return found
+
+
+def _a_siblings(inode: int) -> bool:
+    """Whether the listening socket `inode` belongs to a process of another test worker: one that
+    descends from this process's parent (pytest-xdist's controller) through another child. The port was
+    free when another worker's free_port() handed it out again after this one's component stopped; a
+    listener of this process's own descendants, or of a process that left every tree, is not."""
+    owners = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fds = list((entry / "fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(fd) == f"socket:[{inode}]":
+                    owners.append(int(entry.name))
+                    break
+            except OSError:
+                continue
+    me, parent = os.getpid(), os.getppid()
+    for pid in owners:
+        chain = pid
+        while chain > 1 and chain != me:
+            try:
+                up = int((Path("/proc") / str(chain) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                break
+            if up == parent:
+                return True  # a child of the controller other than this worker
+            chain = up
+    return False
