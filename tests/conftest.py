@@ -55,14 +55,24 @@ def unit_of(nodeid: str) -> str:
 # The units that take minutes, handed out first in this order: the real-pods chain (the longest), then
 # the control planes. xdist's own order (by number of tests) put the three kwok Flux units last, where
 # they ran side by side while the workers' other work had ended: the Flux broken-commit test took 134-144 s
-# there against 15 s alone. The many short modules fill in behind them.
+# there against 15 s alone. Behind them the modules with `slow` tests (torchrun, kill-and-restart loops),
+# then the quick ones, each group by number of tests as xdist orders them, so the end is quick modules.
 LONG_UNITS = ("realpods", "flux-fsdp-p4de", "cluster", "flux-trainjob", "kueue", "flux-fsdp-p5")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The long units first, each keeping its tests' order (module fixtures); the rest as collected."""
-    rank = {u: i for i, u in enumerate(LONG_UNITS)}
-    items.sort(key=lambda item: rank.get(unit_of(item.nodeid), len(rank)))
+    """Units in the order above, each keeping its tests' order (module fixtures)."""
+    units: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        units.setdefault(unit_of(item.nodeid), []).append(item)
+
+    def order(unit: str) -> tuple[int, int, int]:
+        if unit in LONG_UNITS:
+            return (0, LONG_UNITS.index(unit), 0)
+        slow = any(item.get_closest_marker("slow") for item in units[unit])
+        return (1 if slow else 2, 0, -len(units[unit]))
+
+    items[:] = [item for unit in sorted(units, key=order) for item in units[unit]]
 
 
 if LoadScopeScheduling is not None:
