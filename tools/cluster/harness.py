@@ -323,15 +323,27 @@ class Cluster:
         self._ssl = ssl.create_default_context(cafile=str(pki / "apiserver.crt"))
         proc.wait_ready(lambda: self._api_get("/readyz") == "ok", 120, "ready")
 
-    def _api_get(self, path: str, accept: str = "") -> str | None:
+    def _api_get(self, path: str, accept: str = "", timeout_s: float = 5) -> str:
+        """The body of GET path as the admin; any status but 200 raises (an OSError, as urllib's own)."""
+        status, body = self._api_request(path, accept, timeout_s)
+        if status != 200:
+            raise OSError(f"GET {path}: HTTP {status}: {body[:200]}")
+        return body
+
+    def _api_request(self, path: str, accept: str = "", timeout_s: float = 30) -> tuple[int, str]:
+        """GET path from the API server as the admin: (status, body), error statuses included."""
         headers = {"Authorization": f"Bearer {TOKEN}", **({"Accept": accept} if accept else {})}
         req = urllib.request.Request(self.server + path, headers=headers)
 
-        def get() -> str:
-            with urllib.request.urlopen(req, timeout=5, context=self._ssl) as r:
-                return r.read().decode()
+        def get() -> tuple[int, str]:
+            try:
+                with urllib.request.urlopen(req, timeout=timeout_s, context=self._ssl) as r:
+                    return r.status, r.read().decode()
+            except urllib.error.HTTPError as e:
+                return e.code, e.read().decode()
 
-        return self.in_netns(get)
+        result: tuple[int, str] = self.in_netns(get)
+        return result
 
     def in_netns(self, fn: Callable[[], Any]) -> Any:
         """fn() where the components listen: on a thread inside the holder's network namespace on the
@@ -644,7 +656,9 @@ class Cluster:
                 message = json.loads(body).get("message", body)
             except json.JSONDecodeError:
                 message = body
-            raise RuntimeError(f"kubectl get {kind} {name} failed: Error from server: {message}".replace("  ", " "))
+            raise RuntimeError(
+                f"kubectl get {' '.join(filter(None, [kind, name]))} failed: Error from server: {message}"
+            )
         obj = json.loads(body)
         if name:
             return obj
@@ -652,20 +666,6 @@ class Cluster:
             item.setdefault("apiVersion", group_version)
             item.setdefault("kind", kind_name)
         return {"apiVersion": "v1", "kind": "List", "items": obj.get("items", []), "metadata": {"resourceVersion": ""}}
-
-    def _api_request(self, path: str, accept: str = "application/json") -> tuple[int, str]:
-        """GET path from the API server as the admin: (status, body), errors included."""
-        req = urllib.request.Request(self.server + path, headers={"Authorization": f"Bearer {TOKEN}", "Accept": accept})
-
-        def get() -> tuple[int, str]:
-            try:
-                with urllib.request.urlopen(req, timeout=30, context=self._ssl) as r:
-                    return r.status, r.read().decode()
-            except urllib.error.HTTPError as e:
-                return e.code, e.read().decode()
-
-        result: tuple[int, str] = self.in_netns(get)
-        return result
 
     def _resource(self, kind: str) -> tuple[str, str, bool, str] | None:
         """kubectl's reading of a resource name (plural, singular, short name or kind, optionally followed
@@ -685,10 +685,7 @@ class Cluster:
         accept = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
         found = []
         for path in ("/api", "/apis"):
-            status, body = self._api_request(path, accept)
-            if status != 200:
-                raise RuntimeError(f"discovery {path}: HTTP {status}: {body[:200]}")
-            for group in json.loads(body).get("items", []):
+            for group in json.loads(self._api_get(path, accept, timeout_s=30)).get("items", []):
                 gname = group.get("metadata", {}).get("name", "")
                 for version in group.get("versions", []):
                     gv = f"{gname}/{version['version']}" if gname else version["version"]

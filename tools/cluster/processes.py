@@ -162,12 +162,12 @@ def leftovers() -> list[str]:
         for row in rows:
             cols = row.split()
             port = int(cols[1].rsplit(":", 1)[1], 16)
-            if cols[3] == "0A" and port in PORTS and not _a_siblings(int(cols[9])):  # 0A: LISTEN
+            if cols[3] == "0A" and port in PORTS and not _held_by_another_worker(int(cols[9])):  # 0A: LISTEN
                 found.append(f"port {port} still listens")
     return found
 
 
-def _a_siblings(inode: int) -> bool:
+def _held_by_another_worker(inode: int) -> bool:
     """Whether the listening socket `inode` belongs to a process of another test worker: one that
     descends from this process's parent (pytest-xdist's controller) through another child. The port was
     free when another worker's free_port() handed it out again after this one's component stopped; a
