@@ -9,8 +9,8 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-python="${PYTHON:-python}"
-bash tools/setup.sh test
+python="${PYTHON:-$(bash tools/python.sh)}"
+PYTHON="$python" bash tools/setup.sh test
 # Lint, format and types first (pinned in requirements/test.txt, configured in pyproject.toml): any
 # finding fails the command.
 "$python" -m ruff check .
