@@ -57,6 +57,12 @@ def test_gpu_node_groups_have_node_repair_one_node_at_a_time(files):
         assert repair["enabled"] is True and repair["maxParallelNodesRepairedCount"] == 1
 
 
+def test_node_repair_comes_with_the_node_monitoring_agent_that_reports_gpu_faults(files):
+    addons = [a["name"] for a in files["a/eksctl.yaml"]["addons"]]
+    assert "eks-node-monitoring-agent" in addons
+    assert all(g["nodeRepairConfig"]["enabled"] for g in gpu_groups(files))
+
+
 def test_vpc_endpoints_template_covers_ecr_api_dkr_and_s3_in_the_private_subnets(files):
     cfn = files["a/vpc-endpoints.cfn.yaml"]
     services = {}
@@ -111,5 +117,23 @@ def test_the_committed_provisioning_files_carry_the_label_repair_and_templates()
         for g in doc.data["managedNodeGroups"]:
             if g["name"].startswith("gpu-"):
                 assert "k8s.amazonaws.com/accelerator" in g["labels"] and g["nodeRepairConfig"]["enabled"]
+        fix = "run python generators/cluster.py matrix.yaml"
+        assert {"name": "eks-node-monitoring-agent"} in doc.data["addons"], fix
         for name in ("vpc-endpoints.cfn.yaml", "results-export.cfn.yaml"):
             assert (eksctl.parent / name).is_file(), f"run python generators/cluster.py matrix.yaml ({name})"
+
+
+def test_prometheus_keeps_its_retention_on_a_volume_the_cluster_can_provision():
+    path = REPO_ROOT / "base" / "monitoring" / "controllers" / "kube-prometheus-stack.yaml"
+    (doc,) = load_documents(path.read_text(), str(path))
+    spec = doc.data["spec"]["values"]["prometheus"]["prometheusSpec"]
+    claim = spec["storageSpec"]["volumeClaimTemplate"]["spec"]
+    size_gib = int(claim["resources"]["requests"]["storage"].removesuffix("Gi"))
+    assert int(spec["retentionSize"].removesuffix("GB")) < size_gib, "retentionSize must stay below the volume"
+    assert claim["storageClassName"] == "gp2"
+    (eksctl,) = load_documents(provisioning_file("fsdp-p5").read_text(), "eksctl.yaml")
+    assert {"name": "aws-ebs-csi-driver"} in eksctl.data["addons"], "the gp2 volume needs the EBS CSI driver"
+
+
+def provisioning_file(cluster: str):
+    return REPO_ROOT / "overlays" / "provisioning" / cluster / "eksctl.yaml"

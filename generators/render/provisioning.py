@@ -120,6 +120,18 @@ CREATE_WITH = (
 )
 # The VPC CNI enforces NetworkPolicy (base/etcd/networkpolicy.yaml) only with its policy agent on.
 VPC_CNI_CONFIG = '{"enableNetworkPolicy":"true"}'
+# The EKS add-ons beside the VPC CNI. Node auto repair (NODE_REPAIR) acts on the node conditions
+# that the node monitoring agent reports (GPU XID errors, NVLink, EFA, kubelet and containerd
+# faults): without the agent a faulty GPU node is never repaired. The EBS CSI driver provisions
+# Prometheus's volume (base/monitoring/controllers, StorageClass gp2).
+ADDONS = (
+    "coredns",
+    "kube-proxy",
+    "eks-pod-identity-agent",
+    "aws-fsx-csi-driver",
+    "aws-ebs-csi-driver",
+    "eks-node-monitoring-agent",
+)
 
 
 def nodegroup_name(instance_type: str) -> str:
@@ -225,8 +237,7 @@ def render_eksctl(plan: ClusterPlan, karpenter: bool) -> dict[str, Any]:
             ],
         },
         "addonsConfig": {"autoApplyPodIdentityAssociations": True},
-        "addons": [{"name": "vpc-cni", "configurationValues": VPC_CNI_CONFIG}]
-        + [{"name": name} for name in ("coredns", "kube-proxy", "eks-pod-identity-agent", "aws-fsx-csi-driver")],
+        "addons": [{"name": "vpc-cni", "configurationValues": VPC_CNI_CONFIG}] + [{"name": name} for name in ADDONS],
         "managedNodeGroups": [system],
     }
     if karpenter:
