@@ -46,8 +46,13 @@ def test_annotations_carry_step_epoch_loss_throughput_and_eta():
         "fsdp-gitops/tokens-per-second": "45210",
         "fsdp-gitops/eta": "36m40s",  # 880 steps x 2.5 s
         "fsdp-gitops/updated": "2026-11-30T20:20:00Z",
+        "fsdp-gitops/checkpoint": "",
+        "fsdp-gitops/restarts": "0",
     }
     assert pod_annotations({**RECORD, "step": 1000}, 1000)["fsdp-gitops/eta"] == "done"
+    # The last complete checkpoint, and the pod's restarts plus torchrun's worker restarts.
+    later = pod_annotations({**RECORD, "restart_count": 1}, 1000, checkpoint=100, restarts=2)
+    assert later["fsdp-gitops/checkpoint"] == "100" and later["fsdp-gitops/restarts"] == "3"
     assert [format_eta(s) for s in (0, 59.6, 61, 3600 * 26 + 125)] == ["0s", "1m00s", "1m01s", "26h02m"]
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 DIR_ENV = "FSDP_ATTEMPTS_DIR"
 MAX_ENV = "FSDP_MAX_RETRIES"
 REPLICA_ENV = "FSDP_POD_NAME"
+RESTARTS_ENV = "FSDP_RESTARTS"
 # Without a pod name (a run started by hand with the directory set): one counter for the process' host.
 DEFAULT_REPLICA = "local"
 
@@ -69,6 +70,7 @@ def count_this_start() -> None:
     rank = os.environ.get("PET_NODE_RANK", "")
     replica = os.environ.get(REPLICA_ENV, "") or (f"node-{rank}" if rank else DEFAULT_REPLICA)
     n = record_attempt(Path(directory), replica)
+    os.environ[RESTARTS_ENV] = str(n - 1)  # the trainer's progress annotations (trainer/progress.py) say it
     if n > bound + 1:
         print(
             f"error: {replica} started {n} times, more than {bound} restarts ({MAX_ENV}): a failure that repeats "

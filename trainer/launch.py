@@ -66,8 +66,13 @@ Three guards of the generated jobs, each configured by environment and inert wit
   exit 1 with one line.
 - trainer/transport_check.py: a multi-node job whose NCCL uses another network transport than
   FSDP_EXPECT_TRANSPORT stops with one line and exit 1 (or warns).
+and one on by default (FSDP_HANG_WATCHDOG=off turns it off):
+- trainer/watchdog.py: workers that complete no step within a bound derived from their measured step
+  time (floors for the start and for checkpoints) get their stacks dumped (SIGUSR1), and the run stops
+  with exit status HUNG (201), restartable like a lost peer.
 A guard stops the run through the same path as a preemption (SIGTERM to this process, which torchrun
-forwards to the workers), and the run then ends with exit status 1 and the guard's line instead of 143.
+forwards to the workers), and the run then ends with the guard's line and its exit status (1; the hang
+watch's 201) instead of 143.
 """
 
 from __future__ import annotations
@@ -82,7 +87,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from trainer import attempts, capacity_block, rendezvous_env, transport_check
+from trainer import attempts, capacity_block, rendezvous_env, transport_check, watchdog
 
 WAIT_ENV = "FSDP_RDZV_WAIT_S"
 GRACE_ENV = "FSDP_TERM_GRACE_S"
@@ -311,13 +316,14 @@ class GuardStop:
 
     def __init__(self) -> None:
         self.reason = ""
+        self.status = 1
         self._lock = threading.Lock()
 
-    def __call__(self, reason: str) -> None:
+    def __call__(self, reason: str, status: int = 1) -> None:
         with self._lock:
             if self.reason:
                 return
-            self.reason = reason
+            self.reason, self.status = reason, status
         print(f"launch: stopping the run: {reason}", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGTERM)
 
@@ -327,11 +333,12 @@ class GuardStop:
             self.reason = self.reason or reason
 
     def exit_status(self, status: int) -> int:
-        """1 with the guard's line when a guard stopped the run, else `status`."""
+        """The guard's status (1, or the hang watch's restartable one) with its line when a guard
+        stopped the run, else `status`."""
         if not self.reason:
             return status
         print(f"error: {self.reason}", file=sys.stderr, flush=True)
-        return 1
+        return self.status
 
 
 def _max_nodes(argv: Sequence[str]) -> int:
@@ -356,9 +363,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     handlers = _keep_rendezvous_handlers()
     finished = _note_finished_workers()
     stop = GuardStop()
-    watches: list[capacity_block.BlockWatch | transport_check.TransportWatch] = []
+    watches: list[capacity_block.BlockWatch | transport_check.TransportWatch | watchdog.HangWatch] = []
     transport = transport_check.TransportWatch.from_env(_max_nodes(argv))
-    for watch in (block, transport):
+    hang = watchdog.HangWatch.from_env()
+    for watch in (block, transport, hang):
         if watch is not None:
             watch.start(stop)
             watches.append(watch)

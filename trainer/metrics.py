@@ -34,12 +34,21 @@ correct (`sum by (run) (rate(fsdp_tokens_total[5m]))` is the job's throughput):
     fsdp_step, fsdp_total_steps, fsdp_epoch, fsdp_loss, fsdp_learning_rate, fsdp_grad_norm,
     fsdp_tokens_total (counter: this job's tokens since this launch; no _created series),
     fsdp_tokens_per_second, fsdp_tokens_per_second_per_gpu, fsdp_mfu_ratio, fsdp_step_time_seconds,
-    fsdp_padding_ratio, fsdp_world_size, fsdp_run_info{model, strategy, precision}
+    fsdp_padding_ratio, fsdp_world_size, fsdp_run_info{model, strategy, precision},
+    fsdp_progress_deadline_timestamp_seconds (when the next step is due at the latest; the hang watch's
+    bound, trainer/watchdog.py; served from the start, before the first step),
+    after the first checkpoint: fsdp_last_checkpoint_step (of the last complete one),
+    fsdp_checkpoint_stall_seconds (how long the last save held up training: staging, or the whole save
+    when synchronous), fsdp_checkpoint_write_seconds (how long the last complete save took to write)
 
-    each node's own figures, from every pod: fsdp_peak_memory_bytes (that node's local rank 0),
-    fsdp_node_ranks (ranks on that node)
+    each node's own figures, from every pod: fsdp_peak_memory_bytes and fsdp_peak_memory_reserved_bytes
+    (that node's local rank 0: allocated by tensors, reserved by the caching allocator), fsdp_node_ranks
+    (ranks on that node), and where the node has EFA devices, fsdp_efa_transmit_bytes_total and
+    fsdp_efa_receive_bytes_total{device, port} (the EFA driver's port counters tx_bytes and rx_bytes
+    under /sys/class/infiniband/<device>/ports/<port>/hw_counters, read at each scrape; the DCGM
+    exporter has no EFA figures)
 
-All series of one pod come from one snapshot taken at a logged step, so a scrape never mixes two steps.
+The figures of a logged step come from one snapshot, so a scrape never mixes two steps.
 """
 
 from __future__ import annotations
@@ -48,7 +57,8 @@ import json
 import os
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TextIO
 
 import torch
@@ -62,6 +72,23 @@ def peak_memory_bytes(device: torch.device) -> tuple[int, int]:
         return torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
     return rss, rss
+
+
+INFINIBAND_ENV = "FSDP_SYSFS_INFINIBAND"  # the sysfs class folder, /sys/class/infiniband unless set
+EFA_COUNTERS = (("tx_bytes", "fsdp_efa_transmit_bytes", "sent"), ("rx_bytes", "fsdp_efa_receive_bytes", "received"))
+
+
+def efa_counters(root: Path) -> Iterator[tuple[str, str, str, int]]:
+    """(counter file, device, port, value) of every EFA port under `root` (devices whose hw_counters
+    have no tx_bytes, such as other RDMA NICs, are left out)."""
+    for counters in sorted(root.glob("*/ports/*/hw_counters")):
+        device, port = counters.parent.parent.parent.name, counters.parent.name
+        for name, _, _ in EFA_COUNTERS:
+            try:
+                value = int((counters / name).read_text().strip())
+            except (OSError, ValueError):
+                continue
+            yield name, device, port, value
 
 
 def _proc_status_kib(field: str) -> int:
@@ -111,10 +138,20 @@ class TrainerCollector:
         "world_size": ("fsdp_world_size", "Number of ranks of the job"),
     }
 
-    def __init__(self, info: dict[str, str], *, job_wide: bool, node_ranks: int):
+    # Checkpoint figures (MetricsLogger.checkpoint_done) -> (metric name, help). Global rank 0 only.
+    CHECKPOINT_GAUGES = {
+        "step": ("fsdp_last_checkpoint_step", "Step of the last complete checkpoint"),
+        "stall_s": ("fsdp_checkpoint_stall_seconds", "Seconds the last checkpoint save held up training"),
+        "write_s": ("fsdp_checkpoint_write_seconds", "Seconds the last complete checkpoint took to write"),
+    }
+
+    def __init__(self, info: dict[str, str], *, job_wide: bool, node_ranks: int, infiniband: Path | None = None):
         self.info, self.job_wide, self.node_ranks = dict(info), job_wide, node_ranks
+        self.infiniband = infiniband or Path(os.environ.get(INFINIBAND_ENV, "") or "/sys/class/infiniband")
         self._snapshot: tuple[dict[str, Any], int] | None = None  # (record, tokens since launch)
         self._tokens = 0
+        self.deadline: float | None = None  # trainer.watchdog.Heartbeat.deadline
+        self.checkpoint: dict[str, float] = {}  # CHECKPOINT_GAUGES keys; replaced whole
 
     def update(self, record: dict[str, Any], new_tokens: int) -> None:
         self._tokens += new_tokens
@@ -126,16 +163,32 @@ class TrainerCollector:
         node = GaugeMetricFamily("fsdp_node_ranks", "Ranks on this node (pod)")
         node.add_metric([], self.node_ranks)
         yield node
+        yield from self._efa()
+        deadline, checkpoint = self.deadline, self.checkpoint
+        if self.job_wide and deadline is not None:
+            yield GaugeMetricFamily(
+                "fsdp_progress_deadline_timestamp_seconds",
+                "Unix time by which the next step must complete, else the run counts as hung",
+                value=deadline,
+            )
         if self._snapshot is None:
             return
         record, tokens = self._snapshot
         yield GaugeMetricFamily(
             "fsdp_peak_memory_bytes",
-            "Peak accelerator (or host) memory of this node's local rank 0",
+            "Peak accelerator (or host) memory allocated by tensors on this node's local rank 0",
             value=record["peak_mem_gib"] * 2**30,
+        )
+        yield GaugeMetricFamily(
+            "fsdp_peak_memory_reserved_bytes",
+            "Peak accelerator memory reserved by the caching allocator on this node's local rank 0 (host: RSS)",
+            value=record.get("peak_mem_reserved_gib", record["peak_mem_gib"]) * 2**30,
         )
         if not self.job_wide:
             return
+        for key, (name, doc) in self.CHECKPOINT_GAUGES.items():
+            if key in checkpoint:
+                yield GaugeMetricFamily(name, doc, value=checkpoint[key])
         for key, (name, doc) in self.JOB_GAUGES.items():
             if key in record:
                 yield GaugeMetricFamily(name, doc, value=record[key])
@@ -145,6 +198,20 @@ class TrainerCollector:
             value=tokens,
         )
         yield InfoMetricFamily("fsdp_run", "Run description", value=self.info)
+
+    def _efa(self):
+        from prometheus_client.core import CounterMetricFamily
+
+        families = {
+            name: CounterMetricFamily(metric, f"Bytes {verb} by this node's EFA port", labels=["device", "port"])
+            for name, metric, verb in EFA_COUNTERS
+        }
+        found = False
+        for name, device, port, value in efa_counters(self.infiniband):
+            families[name].add_metric([device, port], value)
+            found = True
+        if found:
+            yield from families.values()
 
 
 class PrometheusExporter:
@@ -223,6 +290,21 @@ class MetricsLogger:
     def exclude(self, seconds: float) -> None:
         """Leave time spent outside training steps (checkpoint saves) out of the throughput."""
         self._t0 += seconds
+
+    def set_deadline(self, deadline: float) -> None:
+        """The hang bound's deadline after the latest heartbeat (trainer.watchdog), for the alert."""
+        if self.prometheus:
+            self.prometheus.collector.deadline = deadline
+
+    def checkpoint_done(self, stall_s: float, last: Any) -> None:
+        """A save just returned after holding up training `stall_s` seconds; `last` is the last complete
+        save (trainer.checkpoint._Save: step, write_s) or None while none has completed."""
+        if not self.prometheus:
+            return
+        figures = {"stall_s": stall_s}
+        if last is not None:
+            figures.update(step=last.step, write_s=last.write_s)
+        self.prometheus.collector.checkpoint = figures  # one assignment, as the snapshot
 
     def write_run_info(self, info: dict[str, Any]) -> None:
         """<output_dir>/run.json: resolved config, topology, model and data facts of this launch."""

@@ -1,8 +1,9 @@
-"""Training progress as annotations on the trainer's own pod, through the in-cluster API.
+"""Training progress as annotations on the run's API object, through the in-cluster API.
 
 Global rank 0 writes, at most every FSDP_PROGRESS_INTERVAL_S seconds (default 30) and once at the
-end, these annotations on the pod it runs in (`kubectl describe pod`, or
-`kubectl get pods -l training.kubeflow.org/job-name=<run> -o custom-columns=...`):
+end, these annotations on the pod it runs in (a PyTorchJob's pods: `kubectl describe pod`, or
+`kubectl get pods -l training.kubeflow.org/job-name=<run> -o custom-columns=...`), or on the TrainJob
+itself (`kubectl get trainjob <run> -o yaml`); `python generators/status.py` lists them for every run:
 
     fsdp-gitops/step               "120/1000"  last logged optimizer step / total steps
     fsdp-gitops/epoch              "0"         data epoch (0-based)
@@ -10,14 +11,24 @@ end, these annotations on the pod it runs in (`kubectl describe pod`, or
     fsdp-gitops/tokens-per-second  "45210"     the whole job's non-padding tokens per second
     fsdp-gitops/eta                "1h02m"     remaining steps x the last step time ("done" at the end)
     fsdp-gitops/updated            RFC 3339 UTC time of the record
+    fsdp-gitops/checkpoint         step of the last complete checkpoint of this launch ("" before one)
+    fsdp-gitops/restarts           restarts of this run: the pod's (FSDP_RESTARTS, counted by
+                                   trainer.attempts) plus torchrun's worker restarts in this pod
 
-It is a JSON merge patch of the pod's metadata (PATCH /api/v1/namespaces/<ns>/pods/<pod>), sent with
-the standard in-cluster credentials: the service-account token and CA under
-/var/run/secrets/kubernetes.io/serviceaccount and the API address in KUBERNETES_SERVICE_HOST /
-KUBERNETES_SERVICE_PORT. It is on only where the pod names itself in FSDP_POD_NAME (the run's pod
-template sets it from the downward API, metadata.name), so a trainer started in some other pod, a CI
-runner for example, never writes anywhere. Each run has its own ServiceAccount whose Role allows
-only `patch` on that run's pods by name (generated with the run's overlay).
+It is a JSON merge patch of the object's metadata, sent with the standard in-cluster credentials: the
+service-account token and CA under /var/run/secrets/kubernetes.io/serviceaccount and the API address in
+KUBERNETES_SERVICE_HOST / KUBERNETES_SERVICE_PORT. Which object:
+- FSDP_TRAINJOB_NAME set (a TrainJob run: the generated TrainJob sets it to its own name): PATCH
+  /apis/trainer.kubeflow.org/v1alpha1/namespaces/<ns>/trainjobs/<name>. Kubeflow Trainer 2.3.0 also has
+  a status of its own for this (status.trainerStatus: progressPercentage, estimatedRemainingSeconds,
+  metrics), written by a status server in the controller that the trainer POSTs to; it is alpha, behind
+  the TrainJobStatus feature gate (off by default), so the runs use annotations, which need nothing but
+  RBAC and read the same way for both job APIs.
+- else FSDP_POD_NAME set (a PyTorchJob run: the pod template sets it from the downward API,
+  metadata.name): PATCH /api/v1/namespaces/<ns>/pods/<pod>.
+Neither set: nothing is written, so a trainer started in some other pod, a CI runner for example, never
+writes anywhere. Each run has its own ServiceAccount whose Role allows only `patch` on that run's pods
+by name, or on its TrainJob by name (generated with the run's overlay).
 
 Publishing never stops or slows training: requests run on one background thread that sends only
 the newest record (older ones are dropped), each with a short timeout; a failure (no API, refused,
@@ -41,6 +52,9 @@ from typing import Any
 
 SERVICEACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 PREFIX = "fsdp-gitops/"
+TRAINJOB_ENV = "FSDP_TRAINJOB_NAME"
+RESTARTS_ENV = "FSDP_RESTARTS"  # set by trainer.attempts in the launcher
+TRAINJOBS_PATH = "/apis/trainer.kubeflow.org/v1alpha1"
 WARN_EVERY_S = 600.0
 
 
@@ -56,7 +70,9 @@ def format_eta(seconds: float) -> str:
     return f"{secs}s"
 
 
-def pod_annotations(record: Mapping[str, Any], total_steps: int, *, done: bool = False) -> dict[str, str]:
+def pod_annotations(
+    record: Mapping[str, Any], total_steps: int, *, done: bool = False, checkpoint: int | None = None, restarts: int = 0
+) -> dict[str, str]:
     """The annotations for one metrics record (trainer.metrics.MetricsLogger.step_done)."""
     remaining = max(0, total_steps - record["step"])
     when = dt.datetime.fromtimestamp(record["time"], dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -67,7 +83,14 @@ def pod_annotations(record: Mapping[str, Any], total_steps: int, *, done: bool =
         PREFIX + "tokens-per-second": f"{record['tokens_per_s']:.0f}",
         PREFIX + "eta": "done" if done or not remaining else format_eta(remaining * record["step_time_s"]),
         PREFIX + "updated": when,
+        PREFIX + "checkpoint": "" if checkpoint is None else str(checkpoint),
+        PREFIX + "restarts": str(restarts + int(record.get("restart_count", 0))),
     }
+
+
+def _restarts(environ: Mapping[str, str]) -> int:
+    raw = environ.get(RESTARTS_ENV, "")
+    return int(raw) if raw.isdigit() else 0
 
 
 class ProgressPublisher:
@@ -82,9 +105,11 @@ class ProgressPublisher:
         total_steps: int,
         interval_s: float = 30.0,
         timeout_s: float = 5.0,
+        restarts: int = 0,
     ):
         self.url, self.token_path, self.ca_path, self.total_steps = url, token_path, ca_path, total_steps
-        self.interval_s, self.timeout_s = interval_s, timeout_s
+        self.interval_s, self.timeout_s, self.restarts = interval_s, timeout_s, restarts
+        self.checkpoint: int | None = None  # step of the last complete checkpoint
         self._context: ssl.SSLContext | None = None  # made on first use, where a missing CA is just a failure
         self.sent = 0  # successful patches
         self.failed = 0  # failed patches
@@ -98,13 +123,13 @@ class ProgressPublisher:
 
     @classmethod
     def from_environment(cls, total_steps: int, environ: Mapping[str, str] = os.environ) -> ProgressPublisher | None:
-        """The publisher for this pod, or None when the pod does not ask for it (no FSDP_POD_NAME) or
-        is not in a cluster (no API address or token)."""
+        """The publisher for this run, or None when the pod does not ask for it (neither
+        FSDP_TRAINJOB_NAME nor FSDP_POD_NAME) or is not in a cluster (no API address or token)."""
         sa_dir = environ.get("FSDP_SERVICEACCOUNT_DIR", SERVICEACCOUNT_DIR)
         host, port = environ.get("KUBERNETES_SERVICE_HOST"), environ.get("KUBERNETES_SERVICE_PORT", "443")
-        pod = environ.get("FSDP_POD_NAME")
+        trainjob, pod = environ.get(TRAINJOB_ENV), environ.get("FSDP_POD_NAME")
         token_path = os.path.join(sa_dir, "token")
-        if not host or not pod or not os.path.isfile(token_path):
+        if not host or not (trainjob or pod) or not os.path.isfile(token_path):
             return None
         try:
             with open(os.path.join(sa_dir, "namespace"), encoding="utf-8") as fh:
@@ -112,7 +137,11 @@ class ProgressPublisher:
         except OSError:
             return None
         host = f"[{host}]" if ":" in host else host  # IPv6 service address
-        url = f"https://{host}:{port}/api/v1/namespaces/{namespace}/pods/{pod}"
+        base = f"https://{host}:{port}"
+        if trainjob:
+            url = f"{base}{TRAINJOBS_PATH}/namespaces/{namespace}/trainjobs/{trainjob}"
+        else:
+            url = f"{base}/api/v1/namespaces/{namespace}/pods/{pod}"
         try:
             interval_s = float(environ.get("FSDP_PROGRESS_INTERVAL_S", "30"))
         except ValueError:
@@ -123,7 +152,12 @@ class ProgressPublisher:
             ca_path=os.path.join(sa_dir, "ca.crt"),
             total_steps=total_steps,
             interval_s=interval_s,
+            restarts=_restarts(environ),
         )
+
+    def note_checkpoint(self, step: int) -> None:
+        """The last complete checkpoint, named in the next record's annotations."""
+        self.checkpoint = step
 
     def publish(self, record: Mapping[str, Any] | None, *, force: bool = False, done: bool = False) -> None:
         """Queue `record` if the interval has passed (or force); never blocks on the network."""
@@ -134,7 +168,9 @@ class ProgressPublisher:
             return
         self._last_submit = now
         with self._cond:
-            self._pending = pod_annotations(record, self.total_steps, done=done)
+            self._pending = pod_annotations(
+                record, self.total_steps, done=done, checkpoint=self.checkpoint, restarts=self.restarts
+            )
             self._cond.notify()
 
     def close(self, wait_s: float = 5.0) -> None:

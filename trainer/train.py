@@ -126,8 +126,12 @@ def train(cfg: TrainConfig, env: DistEnv) -> int:
     from trainer.optim import build_optimizer, build_scheduler, settle_heap, total_steps, train_step
     from trainer.parallelize import build_mesh, init_distributed, parallelize, resolve_checkpointing
     from trainer.progress import ProgressPublisher
+    from trainer.watchdog import Heartbeat
 
     say = print if env.rank == 0 else (lambda *a, **k: None)
+    # The hang watch of trainer.launch reads this rank's heartbeats (trainer/watchdog.py); SIGUSR1 dumps
+    # every thread's stack from here on.
+    heartbeat = Heartbeat.from_env(env.rank)
 
     # 1. Process group and device; the model source (a hub id is downloaded once per node).
     device = init_distributed(env.local_rank)
@@ -209,6 +213,12 @@ def train(cfg: TrainConfig, env: DistEnv) -> int:
             "precision": cfg.parallelism.precision,
         },
     )
+    metrics.set_deadline(heartbeat.deadline)
+
+    def beat(phase: str, step: int | None = None) -> None:
+        heartbeat.beat(phase, step)
+        metrics.set_deadline(heartbeat.deadline)
+
     start_step = 0
     resumed = checkpointer.resume(model, optimizer, say)
     resume_path = resumed[0] if resumed else None
@@ -271,10 +281,12 @@ def train(cfg: TrainConfig, env: DistEnv) -> int:
         if step == start_step + 1:
             checkpointer.prepare(model, optimizer)  # the optimizer state exists now
         record = metrics.step_done(step, result, lr=lr, num_samples=global_rows, data_state=sampler.state_dict())
+        beat("step", step)
         if progress:
             progress.publish(record, force=step == steps, done=step == steps)
         stopping = stop.requested()
         if checkpointer.due(step, steps) or (stopping and checkpointer.enabled):
+            beat("checkpoint")
             t_save = time.perf_counter()
             previous = checkpointer.in_flight
             path = checkpointer.save(
@@ -293,7 +305,11 @@ def train(cfg: TrainConfig, env: DistEnv) -> int:
                 say(f"checkpoint: {path} staged in {time.perf_counter() - t_save:.1f}s, written in the background")
             else:
                 say(f"checkpoint: {path} ({time.perf_counter() - t_save:.1f}s)")
-            metrics.exclude(time.perf_counter() - t_save)
+            stall_s = time.perf_counter() - t_save
+            metrics.exclude(stall_s)
+            metrics.checkpoint_done(stall_s, checkpointer.last)
+            if progress and checkpointer.last:
+                progress.note_checkpoint(checkpointer.last.step)
         if stopping:
             say(
                 f"stopped by SIGTERM after step {step}"
@@ -303,6 +319,7 @@ def train(cfg: TrainConfig, env: DistEnv) -> int:
             break
 
     # 6. Optional consolidated Hugging Face export (of a finished run), then leave the process group.
+    beat("end")
     if cfg.checkpoint.export_dir and not stopping:
         dtype = torch.float32 if cfg.parallelism.precision == "fp32" else torch.bfloat16
         modeling.export_hf(model, cfg.checkpoint.export_dir, dtype=dtype, model_dir=model_dir)
