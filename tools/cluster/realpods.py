@@ -253,6 +253,35 @@ def remove_stale() -> list[str]:
     return removed
 
 
+# Prepared containerd roots kept (the most recently used): each set of images (every trainer change makes
+# one) leaves a root of 2-3 GB in hard links to its predecessor, and a machine that ran many changes
+# held seven of them (18 GB); the newest two cover the change under test and the one before it.
+PREPARED_ROOTS_KEPT = 2
+
+
+def prune_prepared_roots(folder: Path, keep: int) -> list[Path]:
+    """Removes the prepared containerd roots under `folder` beyond the `keep` most recently used.
+
+    A root is used by hard-linked copies, never in place, so removing it cannot break a running level;
+    one that another session is preparing right now (its lock is held) is left alone. Returns the
+    folders removed."""
+    ready = sorted(folder.glob("*/ready"), key=lambda p: p.stat().st_mtime, reverse=True)
+    removed = []
+    for marker in ready[keep:]:
+        base = marker.parent
+        with open(base / ".lock", "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            marker.unlink(missing_ok=True)  # first, so a half-removed root is never taken as ready
+            for child in base.iterdir():
+                if child.name != ".lock":
+                    shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+        removed.append(base)
+    return removed
+
+
 def _link_copy(src: Path, dest: Path) -> None:
     """A copy of containerd root `src` at `dest` whose files are hard links (content blobs and unpacked
     layers are never written in place) except the bolt databases, which are written in place."""
@@ -552,6 +581,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         base = build.cache_root() / "containerd" / key
         root = base / "root"
         if (base / "ready").exists():
+            (base / "ready").touch()  # its mtime is when it was last used: prune_prepared_roots keeps the newest
             return root
         base.mkdir(parents=True, exist_ok=True)
         with open(base / ".lock", "w") as lock:
@@ -577,6 +607,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                 self.cluster.procs.pop("containerd-prepare", None)
             os.replace(tmp, root)
             (base / "ready").touch()
+        prune_prepared_roots(base.parent, keep=PREPARED_ROOTS_KEPT)
         return root
 
     def containerd(self) -> None:
