@@ -1,5 +1,6 @@
-"""fp8 training: the config, the conversion of the decoder linears, the memory model, and a real
-2-rank torchrun run (gloo, torchao's emulated float8 matmuls) whose loss falls and whose resume is exact."""
+"""fp8 training: the config, the refusal on a GPU without float8 tensor cores, the conversion of the
+decoder linears, the memory model, and a real 2-rank torchrun run (gloo, torchao's emulated float8
+matmuls) whose loss falls and whose resume is exact."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import pytest
 import torch
 from trainer_support import losses_by_step, output_overrides, read_metrics, run
 
-from trainer.catalog import MODELS
+from trainer import fp8
+from trainer import train as train_mod
+from trainer.catalog import FP8_MIN_COMPUTE_CAPABILITY, INSTANCE_TYPES, MODELS
 from trainer.config import ConfigError, from_dict
 from trainer.memory import estimate_peak_gib, resolve_auto
 
@@ -32,6 +35,61 @@ def test_fp8_all_gather_needs_fp8():
         cfg(fp8_all_gather=True)
     assert err.value.key == "parallelism.fp8_all_gather"
     assert cfg(precision="fp8", fp8_all_gather=True).parallelism.fp8_all_gather
+
+
+@pytest.mark.parametrize(
+    ("precision", "capability", "refused"),
+    [("fp8", (8, 0), True), ("fp8", (8, 6), True), ("fp8", (8, 9), False), ("fp8", (9, 0), False),
+     ("fp8", None, False), ("bf16", (8, 0), False)],
+)  # fmt: skip
+def test_fp8_is_refused_below_sm_8_9_and_emulated_only_without_a_gpu(precision, capability, refused):
+    par = cfg(precision=precision).parallelism
+    if not refused:
+        fp8.check_device(par, "NVIDIA H200" if capability else "cpu", capability)
+        return
+    with pytest.raises(ConfigError) as err:
+        fp8.check_device(par, "NVIDIA A100-SXM4-80GB", capability)
+    assert err.value.key == "parallelism.precision"
+    assert "NVIDIA A100-SXM4-80GB" in str(err.value) and f"SM {capability[0]}.{capability[1]}" in str(err.value)
+    assert str(err.value).endswith("set parallelism.precision: bf16")
+
+
+def test_the_catalog_knows_which_instance_types_have_float8_tensor_cores():
+    capable = {n for n, t in INSTANCE_TYPES.items() if t.compute_capability >= FP8_MIN_COMPUTE_CAPABILITY}
+    assert capable == {"p5.48xlarge", "p5e.48xlarge", "p5en.48xlarge"}
+    assert INSTANCE_TYPES["p4de.24xlarge"].compute_capability == (8, 0)
+
+
+def test_the_trainer_refuses_fp8_on_an_a100_before_any_gpu_work(tmp_path, monkeypatch, capsys):
+    """The trainer's own entry point on a machine whose GPU reports SM 8.0 (what torch.cuda says on an
+    A100): one line naming the config file's line, exit status 2, and train() (process group, model,
+    GPU memory) never entered."""
+    import torch
+
+    config = tmp_path / "train.yaml"
+    config.write_text("model: {name: tiny}\ndata: {format: synthetic}\nparallelism:\n  precision: fp8\n")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: "NVIDIA A100-SXM4-80GB")
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("train() started although the config was refused")
+
+    monkeypatch.setattr(train_mod, "train", no_training)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    # What the one-process defaults and the allocator setting would write into this process's environment.
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    assert train_mod.main(["--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"error: {config} line 4: parallelism.precision: fp8 needs float8 tensor cores"), err
+    assert "NVIDIA A100-SXM4-80GB" in err and "SM 8.0" in err and err.rstrip().endswith("bf16")
+    # The same config on an H100-class GPU passes the check and goes on to train.
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
+    with pytest.raises(AssertionError, match="train\\(\\) started"):
+        train_mod.main(["--config", str(config)])
 
 
 @pytest.mark.slow  # torchao conversion and an emulated fp8 step: seconds

@@ -189,6 +189,24 @@ GPU_PEAK_FLOPS: dict[str, float] = {
 }
 
 
+# CUDA compute capability (SM version) per GPU model, from NVIDIA's CUDA GPUs table
+# (developer.nvidia.com/cuda-gpus): A100 8.0 (Ampere), H100 and H200 9.0 (Hopper).
+GPU_COMPUTE_CAPABILITY: dict[str, tuple[int, int]] = {
+    "A100": (8, 0),
+    "H100": (9, 0),
+    "H200": (9, 0),
+}
+# float8 tensor cores start with compute capability 8.9 (Ada, Hopper). Below it torchao can only
+# emulate the float8 matmuls (casts around bf16 ones), slower than plain bf16, so precision fp8 is
+# refused there: by the planner at the matrix line and by the trainer at start (trainer/config.py).
+FP8_MIN_COMPUTE_CAPABILITY = (8, 9)
+
+
+def capability_text(capability: tuple[int, int]) -> str:
+    """(8, 0) -> 'SM 8.0'."""
+    return f"SM {capability[0]}.{capability[1]}"
+
+
 def peak_flops_for(device_name: str) -> float:
     """Peak for a torch.cuda.get_device_name() string such as 'NVIDIA H200'; 0 when unknown."""
     upper = device_name.upper()
@@ -226,6 +244,11 @@ class InstanceType:
     network_gbps: int
     num_vcpus: int
     host_memory_gib: int
+
+    @property
+    def compute_capability(self) -> tuple[int, int]:
+        """The GPU's CUDA compute capability (GPU_COMPUTE_CAPABILITY)."""
+        return GPU_COMPUTE_CAPABILITY[self.gpu_model]
 
     @property
     def family(self) -> str:

@@ -31,8 +31,9 @@ LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT, which are all the tra
 
 Exit status: 0 when done; 2 for a bad config or input, with one line `error: <key>: <message>` on
 stderr from rank 0 (config, topology and file checks run before torch is imported and before any
-process group exists; a checkpoint that cannot be written, e.g. on a full disk, or one saved with a
-configuration the run cannot continue, also ends with one line and status 2); 143 after SIGTERM
+process group exists; so does the refusal of fp8 on a GPU below SM 8.9, trainer/fp8.py; a checkpoint
+that cannot be written, e.g. on a full disk, or one saved with a configuration the run cannot
+continue, also ends with one line and status 2); 143 after SIGTERM
 (preemption, eviction, node drain): every rank finishes its step, the checkpoint is written, and
 all exit 143 so that the operator restarts the job (trainer/launch.py). Any other failure is a crash
 with a traceback. A restarted or re-launched job resumes from the newest loadable checkpoint in
@@ -83,10 +84,15 @@ class DistEnv:
 
 
 def preflight(cfg: TrainConfig, env: DistEnv) -> None:
-    """Checks that need no torch: topology against the launch, input files, model source."""
+    """Checks before any process group: topology against the launch, input files, model source, and
+    (fp8 only, the one check that imports torch) the GPU's float8 support."""
     from trainer.catalog import MODELS
 
     check_topology(cfg.parallelism, env.world_size, env.local_world_size)
+    if cfg.parallelism.precision == "fp8":
+        from trainer import fp8
+
+        fp8.check_device(cfg.parallelism, *fp8.local_device(env.local_rank))
     if cfg.data.format != "synthetic" and not os.path.isfile(cfg.data.path):
         raise ConfigError(
             "data.path",

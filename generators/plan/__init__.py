@@ -3,7 +3,8 @@
 For each run, in this order: instance type (the cluster must offer it) -> GPUs per node (at most the
 instance's) -> nodes (at most the cluster's max_nodes) -> the trainer config (validated by
 trainer.config.from_dict, the one source of truth) -> sharding topology (trainer.config.check_topology)
--> a memory-fit estimate -> /dev/shm against host memory -> name, rendezvous and per-run paths.
+-> fp8 only on GPUs with float8 tensor cores (SM 8.9 or newer) -> a memory-fit estimate -> /dev/shm
+against host memory -> name, rendezvous and per-run paths.
 Every failure is an InputError pointing at the matrix line that set the offending value.
 
 Run names
@@ -53,7 +54,7 @@ from typing import Any
 from generators.core.errors import InputError
 from generators.matrix.load import Matrix
 from generators.matrix.schema import RUN_FIELDS, Cluster, GitSource, RdzvBackend, Run
-from trainer.catalog import INSTANCE_TYPES, MODELS, efa_for
+from trainer.catalog import FP8_MIN_COMPUTE_CAPABILITY, INSTANCE_TYPES, MODELS, capability_text, efa_for
 from trainer.config import ConfigError, TrainConfig, check_topology, from_dict, to_dict
 from trainer.memory import estimate_peak_gib, fits, resolve_auto, usable_text
 
@@ -356,6 +357,16 @@ def plan_run(
             f"use {TRAINJOB_METRICS_PORT} (or 0 for no metrics) on a job_api: trainjob cluster",
         )
     par = cfg.parallelism
+    if par.precision == "fp8" and instance.compute_capability < FP8_MIN_COMPUTE_CAPABILITY:
+        raise _fail(
+            matrix,
+            run,
+            "trainer.parallelism.precision",
+            f"fp8 needs float8 tensor cores ({capability_text(FP8_MIN_COMPUTE_CAPABILITY)} or newer), but "
+            f"{instance_name} has {instance.gpu_model} GPUs ({capability_text(instance.compute_capability)}), "
+            "where fp8 is only emulated and runs slower than bf16",
+            f"set trainer.parallelism.precision: bf16 for runs on {instance_name}",
+        )
     try:
         shard_size = check_topology(par, world, gpus)
     except ConfigError as err:

@@ -56,7 +56,7 @@ from generators.plan.speed import (
     predict,
     steps_per_epoch,
 )
-from trainer.catalog import INSTANCE_TYPES, MODELS, Architecture, InstanceType
+from trainer.catalog import FP8_MIN_COMPUTE_CAPABILITY, INSTANCE_TYPES, MODELS, Architecture, InstanceType
 from trainer.config import ConfigError, TrainConfig, check_topology, to_dict
 from trainer.memory import estimate_peak_gib, fits, resolve_auto, usable_text
 
@@ -220,10 +220,13 @@ def _group_sizes(group: int, world: int) -> list[int]:
     return sizes
 
 
-def _candidates(cfg: TrainConfig, nodes: int, gpus: int, max_nodes: int) -> list[list[Candidate]]:
+def _candidates(
+    cfg: TrainConfig, nodes: int, gpus: int, max_nodes: int, fp8_capable: bool = True
+) -> list[list[Candidate]]:
     """The changes that may make a run fit, by family, each family from the least change to the most.
     `cfg` holds the matrix's settings with `auto` unresolved: checkpointing changes only where the
-    matrix fixed a mode (`auto` already chose the most it can)."""
+    matrix fixed a mode (`auto` already chose the most it can). fp8 only where the GPU has float8
+    tensor cores (`fp8_capable`): elsewhere the planner refuses it."""
     par, tr = cfg.parallelism, cfg.training
     hybrid = par.sharding_strategy == "HYBRID_SHARD"
     group = par.shard_group_size or gpus
@@ -277,7 +280,7 @@ def _candidates(cfg: TrainConfig, nodes: int, gpus: int, max_nodes: int) -> list
                 _replace(cfg, "parallelism", precision="fp8", fp8_all_gather=True),
             )
         ]
-        if par.precision == "bf16"
+        if par.precision == "bf16" and fp8_capable
         else []
     )
     smaller_batch: list[Candidate] = []
@@ -380,7 +383,8 @@ def estimate_run(
     refusal = None
     if not f.fits:
         best: tuple[float, str, Figures] | None = None
-        for family in _candidates(base, plan.nodes, plan.gpus_per_node, cluster.max_nodes):
+        fp8_capable = instance.compute_capability >= FP8_MIN_COMPUTE_CAPABILITY
+        for family in _candidates(base, plan.nodes, plan.gpus_per_node, cluster.max_nodes, fp8_capable):
             for label, nodes, cfg in family:
                 try:
                     g = figures(arch, cfg, instance, nodes, plan.gpus_per_node, dataset_tokens, usd, context)
