@@ -349,7 +349,7 @@ def test_full_disk_during_a_checkpoint_is_one_line_and_keeps_the_previous_one(tm
     env = trainer_env(CKPT=str(ckpt), COPY=str(copy))
     log = run_launch(
         [*output_overrides(tmp_path), "training.max_steps=10", "checkpoint.interval_steps=5"],
-        expect_rc=2,
+        expect_rc=202,
         prefix=["unshare", "--mount", "sh", "-c", script, "sh"],
         env=env,
     )

@@ -14,7 +14,14 @@ size of every file) and renames the directory, so a `step-*` directory is always
 at most a `.tmp-*` directory, which is never loaded and is removed by the next save of that step. Only
 the newest `keep_last` complete checkpoints are kept. A save that fails on any rank (a full disk, an
 I/O error) fails on all of them together: the partial directory is removed, the older checkpoints stay
-as they were, and the run stops with one line (ConfigError on checkpoint.dir, exit status 2).
+as they were, and the run stops with one line and the restartable exit status WRITE_FAILED (202).
+
+Rotation runs in the space of keep_last + 1 checkpoints: keep_last complete ones and the one being
+written. Before a save starts writing, rank 0 removes every `.tmp-*` directory (no write of this run
+is in flight then: the previous one was waited for) and every complete checkpoint beyond the newest
+keep_last (left by an earlier run with a larger keep_last, or by a write that completed without
+its rotation); after the save is complete, the oldest beyond keep_last goes. So keep_last: 1 on a
+volume that holds two checkpoints saves for as long as the run lasts.
 
 Resuming picks the newest complete checkpoint that passes `verify` (rank 0 decides, all follow): a
 newest one with a missing or truncated file (a shard, .metadata, COMPLETE) is set aside as
@@ -28,7 +35,11 @@ first save and reused, registered page by page so they take the state's size and
 background thread then writes the shards, agrees with the other ranks, writes COMPLETE and renames,
 all over a process group of its own (gloo), so its collectives never interleave with training's. A
 save in flight is waited for before the next save starts, before a SIGTERM exit and before a normal
-exit (`wait`, `close`); a failure of the background write surfaces there, as the same one line.
+exit (`wait`, `close`). A background write that fails is seen at the next step boundary: `poll`,
+called after every step, asks every rank (one all-reduce of a CPU tensor over gloo) whether its
+write ended with an error, and all ranks then stop together with the same one line and WRITE_FAILED,
+so a failure costs at most the steps since the last complete checkpoint and one more, never a run that
+trains to its end and has nothing to resume from.
 `keep_last` removes older checkpoints only after the newer one is complete, so a process killed
 during a background save resumes from the previous complete checkpoint. "disabled" writes while
 training waits, as before. Either way each rank writes its files with `writer_threads` threads.
@@ -79,6 +90,10 @@ COMPLETE = "COMPLETE"
 CORRUPT_PREFIX = ".corrupt-"
 TMP_PREFIX = ".tmp-"
 TEST_HOOK_ENV = "FSDP_CHECKPOINT_TEST_HOOK"
+# Exit status of a run stopped by a checkpoint write that failed (docs/trainer.md, exit statuses):
+# >= 128, so the Training Operator re-creates the pod, and above 200 (lost peer) and 201 (hang), so it
+# reads as neither a signal nor those. The restarted run resumes from the last complete checkpoint.
+WRITE_FAILED = 202
 
 # Resuming with one of these changed is refused: the weights were trained for that model, sequence
 # length and data, and the saved data position counts rows of that dataset in that seeded order.
@@ -94,6 +109,12 @@ REFUSED_CHANGES = (
 )
 # Where outputs go and how often: not part of the training state, never worth a line.
 QUIET_SECTIONS = ("checkpoint.", "metrics.")
+
+
+class WriteFailed(ConfigError):
+    """A checkpoint that could not be written: one line, and the run stops with WRITE_FAILED."""
+
+    status = WRITE_FAILED
 
 
 def step_dir_name(step: int) -> str:
@@ -595,6 +616,24 @@ class Checkpointer:
     def in_flight(self) -> bool:
         return self._thread is not None
 
+    def poll(self) -> None:
+        """After every step: raise WriteFailed on every rank once any rank's background write failed.
+
+        Collective (all ranks call it after the same step). A write's ranks agree on its outcome among
+        themselves before it ends (`_write`), but each rank's thread ends at its own moment, so the
+        ranks agree here on whether any has ended with an error; a finished write that succeeded is
+        left for `wait` to collect at the next save.
+        """
+        if not self.enabled or self.cfg.async_mode == "disabled":
+            return
+        job, thread = self._pending, self._thread
+        done = job is not None and thread is not None and not thread.is_alive()
+        failed = done and job is not None and (job.error or job.crash) is not None
+        flag = torch.tensor([int(failed)], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item():
+            self.wait()  # every rank's write failed together; this raises its line
+
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Start allocating the host buffers of async_with_pinned_mem saves in the background.
 
@@ -621,7 +660,7 @@ class Checkpointer:
         error = None
         if self.rank == 0:
             try:
-                shutil.rmtree(tmp, ignore_errors=True)
+                self._make_room()
                 os.makedirs(tmp)
             except OSError as err:
                 error = _one_line(err)
@@ -659,6 +698,18 @@ class Checkpointer:
         self._thread = threading.Thread(target=self._write, args=(job,), name=f"checkpoint-{step}", daemon=True)
         self._thread.start()
         return final
+
+    def _make_room(self) -> None:
+        """Rank 0, before a save writes: leave at most keep_last complete checkpoints and no partial one
+        (the module docstring: rotation in the space of keep_last + 1)."""
+        if os.path.isdir(self.cfg.dir):
+            for name in sorted(os.listdir(self.cfg.dir)):
+                if name.startswith(TMP_PREFIX):
+                    shutil.rmtree(os.path.join(self.cfg.dir, name), ignore_errors=True)
+                    self._hook.event("removed", 0, path=name)
+        for _, old in complete_checkpoints(self.cfg.dir)[: -self.cfg.keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+            self._hook.event("removed", 0, path=os.path.basename(old))
 
     def wait(self) -> _Save | None:
         """Wait for the save in flight, if any; its figures, or ConfigError (every rank) if it failed."""
@@ -755,15 +806,15 @@ class Checkpointer:
             return f"No space left on device ({usage.free / 2**20:.1f} of {usage.total / 2**20:.1f} MiB free)"
         return error
 
-    def _failure(self, final: str, tmp: str, error: str) -> ConfigError:
+    def _failure(self, final: str, tmp: str, error: str) -> WriteFailed:
         if self.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
         found = complete_checkpoints(self.cfg.dir)
-        kept = f"{found[-1][1]} is intact" if found else "no earlier checkpoint exists"
-        return ConfigError(
+        kept = f"{found[-1][1]} is intact, a restart resumes from it" if found else "no earlier checkpoint exists"
+        return WriteFailed(
             "checkpoint.dir",
-            f"writing checkpoint {final} failed: {error}; {kept}; free space "
-            "on that volume or point checkpoint.dir at a larger one, then relaunch to resume",
+            f"writing checkpoint {final} failed: {error}; {kept}; stopping with exit status {WRITE_FAILED} "
+            "(restartable); if the volume is full, free space on it or point checkpoint.dir at a larger one",
         )
 
     def load(self, path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:

@@ -97,8 +97,10 @@ STOPPED = 128 + signal.SIGTERM
 LOST_PEER = 200  # see item 4 of the module docstring
 # Worker exits passed through as they are when every failed worker ended with one of them: 2, bad input
 # (trainer.train), and 3, a pre-flight check that ran and failed (trainer.preflight CHECK_FAILED), which
-# the pre-flight Job's podFailurePolicy tells from a crash (torchrun alone would exit 1 for both).
-VERDICTS = (2, 3)
+# the pre-flight Job's podFailurePolicy tells from a crash (torchrun alone would exit 1 for both), and
+# 202, a checkpoint write that failed (trainer.checkpoint.WRITE_FAILED: restartable, the last complete
+# checkpoint kept).
+VERDICTS = (2, 3, 202)
 
 
 def _seconds(name: str, default: float) -> float:

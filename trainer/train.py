@@ -290,6 +290,7 @@ def train(cfg: TrainConfig, env: DistEnv) -> int:
         beat("step", step)
         if progress:
             progress.publish(record, force=step == steps, done=step == steps)
+        checkpointer.poll()  # a background write that failed stops every rank here (WriteFailed)
         stopping = stop.requested()
         if checkpointer.due(step, steps) or (stopping and checkpointer.enabled):
             beat("checkpoint")
@@ -389,14 +390,15 @@ def _where(key: str, config_path: str, overrides: Sequence[str]) -> str:
 
 
 def _fail(err: ConfigError, rank: int, config_path: str, overrides: Sequence[str]) -> int:
-    """One line on stderr from rank 0 (every rank hits the same error); exit status 2."""
+    """One line on stderr from rank 0 (every rank hits the same error); exit status 2, or the error's
+    own (a checkpoint write that failed: trainer.checkpoint.WRITE_FAILED, restartable)."""
     if rank == 0:
         where = _where(err.key, config_path, overrides)
         print(f"error: {where + ': ' if where else ''}{err}", file=sys.stderr, flush=True)
     else:
         # torchrun stops all workers as soon as one exits: give rank 0 the moment it needs to print.
         time.sleep(1.0)
-    return 2
+    return int(getattr(err, "status", 2))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
