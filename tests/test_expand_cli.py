@@ -295,5 +295,16 @@ def test_non_ascii_matrix_file_name_is_bad_input(tmp_path):
     matrix.write_text(GOOD)
     result = invoke(str(matrix), "--out", str(tmp_path / "o"))
     assert result.exit_code == 2
-    assert "not ASCII" in result.stderr and len(result.stderr.splitlines()) == 1
+    assert "a generated banner cannot carry" in result.stderr and len(result.stderr.splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("name", ["m\nkind: Secret\n.yaml", "m-->x.yaml", "m x.yaml"])
+def test_a_matrix_file_name_that_would_break_a_banner_is_bad_input(tmp_path, name):
+    """A name holding a newline would paste YAML into every generated file through the banner."""
+    matrix = tmp_path / name
+    matrix.write_text(GOOD)
+    result = invoke(str(matrix), "--out", str(tmp_path / "o"))
+    assert result.exit_code == 2, result.output
+    assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.output
     assert not (tmp_path / "o").exists()

@@ -8,6 +8,8 @@ standalone mode does the exiting, so no module calls sys.exit.
 
 from __future__ import annotations
 
+import re
+
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -67,9 +69,12 @@ def matrix_label(path: str, repo_root: Path) -> str:
         label = full.relative_to(repo_root.resolve()).as_posix()
     except ValueError:
         label = full.name
-    if not label.isascii():
+    # The label is pasted into YAML and Markdown banners: a newline would inject YAML and `-->` would
+    # close the Markdown banner's comment, so only the characters of ordinary paths pass.
+    if not re.fullmatch(r"[A-Za-z0-9._+@=,/-]+", label) or "-->" in label:
         raise InputError(
-            "the file name is not ASCII (generated files are ASCII only)",
+            f"the file name {label!r} holds characters a generated banner cannot carry"
+            " (letters, digits and . _ + @ = , / - only)",
             file=path,
             key="MATRIX",
             fix="rename the matrix file",
