@@ -8,9 +8,8 @@ standalone mode does the exiting, so no module calls sys.exit.
 
 from __future__ import annotations
 
-import re
-
 import functools
+import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
