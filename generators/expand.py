@@ -37,6 +37,7 @@ from generators.core.errors import InputError
 from generators.matrix import Matrix, Run, expand, load
 from generators.plan import ClusterPlan, Plan, plan
 from generators.plan.compare import plan_output
+from generators.plan.window import overrun_warnings
 from generators.render import Layout, layout_for, render
 
 # The checkout this command belongs to (a copy of the repository writes into itself).
@@ -111,6 +112,8 @@ def main(
 
     m: Matrix = load(matrix)
     runs: list[Run] = expand(m)
+    for warning in overrun_warnings(m, runs):
+        click.echo(f"warning: {warning}", err=True)
     if show_plan:
         print_plan(matrix, label, m, runs, base, prices)
         return

@@ -29,7 +29,7 @@ clusters:
     instance_types: [p5.48xlarge]
     capacity_reservation_ids: [cr-0123456789abcdef0]
     capacity_blocks: true
-    capacity_block_end: "2026-12-10T11:30:00Z"
+    capacity_block_end: "2099-12-10T11:30:00Z"
   c2: {region: us-east-1, availability_zones: [us-east-1a], instance_types: [p4de.24xlarge], kueue: false}
 defaults:
   trainer: {data: {path: /shared/data/samsum/train.jsonl, format: samsum}}
@@ -107,25 +107,25 @@ def test_every_run_pod_reads_its_clusters_capacity_block_end(rendered):
     volume = next(v for v in POD["volumes"] if v["name"] == "capacity-block")
     assert volume["configMap"] == {"name": CAPACITY_BLOCK_CONFIGMAP, "optional": True}
     assert env[capacity_block.FILE_ENV] == mounts["capacity-block"] + "/end"
-    for c, end in (("c1", "2026-12-10T11:30:00Z"), ("c2", "")):
+    for c, end in (("c1", "2099-12-10T11:30:00Z"), ("c2", "")):
         cm = files[f"infrastructure/{c}/configs/{CAPACITY_BLOCK_FILE}"]
         assert cm["metadata"]["name"] == CAPACITY_BLOCK_CONFIGMAP and cm["data"] == {"end": end}
         assert CAPACITY_BLOCK_FILE in files[f"infrastructure/{c}/configs/kustomization.yaml"]["resources"]
     # The stop comes before AWS starts terminating the block's instances, with the checkpoint's time.
-    end = capacity_block.parse_end("2026-12-10T11:30:00Z")
+    end = capacity_block.parse_end("2099-12-10T11:30:00Z")
     assert end is not None and end - capacity_block.stop_time(end, 300) == 1800 + 300 + capacity_block.MARGIN_S
 
 
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ('capacity_block_end: "2026-12-10T11:30:00Z"', None),
+        ('capacity_block_end: "2099-12-10T11:30:00Z"', None),
         ('capacity_block_end: "2026-12-10 11:30"', "has no time zone"),
         ('capacity_block_end: "next tuesday"', "is not an ISO 8601 time"),
     ],
 )
 def test_a_bad_block_end_is_one_error_at_its_line(change, message):
-    text = HEAD.replace('capacity_block_end: "2026-12-10T11:30:00Z"', change) + RUNS
+    text = HEAD.replace('capacity_block_end: "2099-12-10T11:30:00Z"', change) + RUNS
     if message is None:
         text = text.replace("    capacity_blocks: true\n", "")
         message = "is set but capacity_blocks is not true"

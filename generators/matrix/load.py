@@ -32,16 +32,19 @@ Rules, in the order they apply:
    (it is usually a typo). Exclude never applies to `include` runs.
 5. Include: each entry laid over `defaults` is one more run.
 Values are checked where they are written: types and ranges of run fields and known cluster, model
-and instance type names at load; the trainer section's values by trainer.config.from_dict when the
-run is planned (generators/plan/), mapped back to the line that set them.
+and instance type names at load, a run's `image` well formed and pinned by tag or digest
+(generators/matrix/images.py), a `capacity_block_end` not past (generators/matrix/times.py); the
+trainer section's values by trainer.config.from_dict when the run is planned (generators/plan/),
+mapped back to the line that set them.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from generators.core.yamlio import LineDict, LineList, load_yaml, read_input
@@ -56,6 +59,7 @@ from generators.matrix.fields import (
     _suggest,
     _type_word,
 )
+from generators.matrix.images import check as check_image
 from generators.matrix.schema import (
     API_VERSION,
     CLUSTER_FIELDS,
@@ -70,6 +74,7 @@ from generators.matrix.schema import (
     known_at,
     schema_at,
 )
+from generators.matrix.times import check_block_end, utc_now
 from trainer.catalog import INSTANCE_TYPES, MODELS
 
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -154,6 +159,9 @@ class Matrix:
     exclude: tuple[Entry, ...]
     # Line of the `axes` key (0 when absent): where a run from the product points when no leaf does.
     axes_line: int
+    # The time the matrix was checked at (a capacity_block_end must lie after it); the run-window
+    # warning of generators/plan/window.py measures from it too.
+    checked_at: dt.datetime = field(compare=False)
 
 
 def _parse_repository(file: str, data: Any, line: int) -> GitSource:
@@ -178,7 +186,7 @@ def _parse_repository(file: str, data: Any, line: int) -> GitSource:
     return GitSource(url=f["url"], branch=f["branch"])
 
 
-def _parse_cluster(file: str, name: str, data: Any, line: int) -> Cluster:
+def _parse_cluster(file: str, name: str, data: Any, line: int, now: dt.datetime) -> Cluster:
     prefix = f"clusters.{name}"
     if not _DNS1123_LABEL.match(name) or len(name) > 30:
         raise _err(
@@ -260,7 +268,7 @@ def _parse_cluster(file: str, name: str, data: Any, line: int) -> Cluster:
             f"use one of {', '.join(JOB_APIS)} (docs/job-api.md says which to choose)",
         )
     if f["capacity_block_end"]:
-        _check_block_end(file, data, prefix, f["capacity_block_end"], f["capacity_blocks"])
+        check_block_end(file, data, prefix, f["capacity_block_end"], f["capacity_blocks"], now)
     if not _K8S_VERSION.match(f["kubernetes_version"]):
         raise _err(
             file,
@@ -303,19 +311,6 @@ def _parse_cluster(file: str, name: str, data: Any, line: int) -> Cluster:
         capacity_block_end=f["capacity_block_end"],
         lines={"name": line, **data.key_lines},
     )
-
-
-def _check_block_end(file: str, data: LineDict, prefix: str, text: str, blocks: bool) -> None:
-    """capacity_block_end: an ISO 8601 time with a zone, on a cluster of Capacity Blocks."""
-    from trainer.capacity_block import BadEndTime, parse_end
-
-    line, key = data.key_lines["capacity_block_end"], f"{prefix}.capacity_block_end"
-    try:
-        parse_end(text)
-    except BadEndTime as err:
-        raise _err(file, line, key, str(err), 'write the block\'s end in UTC, e.g. "2026-12-10T11:30:00Z"') from None
-    if not blocks:
-        raise _err(file, line, key, "is set but capacity_blocks is not true", "set capacity_blocks: true or remove it")
 
 
 class _Flattener:
@@ -419,6 +414,10 @@ class _Flattener:
                 f"{value} is more than the cluster accepts ({most})",
                 f"set {path} to at most {most}",
             )
+        if path == "image":
+            what, fix = check_image(value)
+            if what:
+                raise _err(self.file, line, key, what if value else "is empty", fix)
         if path == "name" and (not _DNS1035_LABEL.match(value) or len(value) > NAME_PREFIX_MAX):
             raise _err(
                 self.file,
@@ -430,8 +429,10 @@ class _Flattener:
         return value
 
 
-def parse(data: Any, file: str) -> Matrix:
-    """Validate the loaded YAML and build the Matrix (first error wins)."""
+def parse(data: Any, file: str, *, now: dt.datetime | None = None) -> Matrix:
+    """Validate the loaded YAML and build the Matrix (first error wins); `now` (default: utc_now())
+    is the time a capacity_block_end must lie after, and the Matrix keeps it as checked_at."""
+    now = now if now is not None else utc_now()
     if data is None:
         raise _err(
             file,
@@ -471,7 +472,8 @@ def parse(data: Any, file: str) -> Matrix:
     if not raw_clusters:
         raise _err(file, lines["clusters"], "clusters", "no cluster defined", "define at least one cluster")
     clusters = {
-        name: _parse_cluster(file, name, value, raw_clusters.key_lines[name]) for name, value in raw_clusters.items()
+        name: _parse_cluster(file, name, value, raw_clusters.key_lines[name], now)
+        for name, value in raw_clusters.items()
     }
 
     flat = _Flattener(file, clusters)
@@ -537,6 +539,7 @@ def parse(data: Any, file: str) -> Matrix:
         include=include,
         exclude=exclude,
         axes_line=lines.get("axes", 0),
+        checked_at=now,
     )
 
 
@@ -576,8 +579,9 @@ def _signature(leaves: Mapping[str, Leaf]) -> tuple:
     return tuple(sorted((p, type(leaf.value).__name__, repr(leaf.value)) for p, leaf in leaves.items()))
 
 
-def load(path: str, text: str | None = None) -> Matrix:
-    """Read, strictly parse and validate a matrix file. `path` is used as given in messages."""
+def load(path: str, text: str | None = None, *, now: dt.datetime | None = None) -> Matrix:
+    """Read, strictly parse and validate a matrix file. `path` is used as given in messages; `now`
+    as in parse()."""
     if text is None:
         text = read_input(
             path,
@@ -585,4 +589,4 @@ def load(path: str, text: str | None = None) -> Matrix:
             fix="pass the path of an existing matrix file, e.g. matrix.yaml",
             max_bytes=MAX_MATRIX_BYTES,
         )
-    return parse(load_yaml(text, path), path)
+    return parse(load_yaml(text, path), path, now=now)

@@ -14,6 +14,7 @@ it). An unknown REF or a path outside a git repository is bad input (--base).
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import math
 import subprocess
 from dataclasses import dataclass
@@ -213,6 +214,7 @@ def plan_output(
     label, text = matrix_at(base, matrix_file)
     old = None
     if text is not None:
-        before = load(label, text)
+        # The matrix as it was: its Capacity Block may have ended since, which concerns only the new one.
+        before = load(label, text, now=dt.datetime.min.replace(tzinfo=dt.UTC))
         old = estimate_matrix(before, plan_runs(before, expand(before), reject_unfit=False), prices)
     return diff_markdown(diff(base, old, new)), len(new.refused)

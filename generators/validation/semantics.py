@@ -1,7 +1,8 @@
 """Checks no schema can make, on the objects a kustomize build or a manifest file yields.
 
-On every object: images pinned by tag or digest (never `latest`), no secret written inline in a
-container's command, arguments or env values, no unencrypted Secret. On every PyTorchJob that gets
+On every object: images well formed and pinned by tag or digest, never `latest`
+(generators/matrix/images.py), no secret written inline in a container's command, arguments or env
+values, no unencrypted Secret. On every PyTorchJob that gets
 applied: its GPUs and EFA interfaces fit the instance type it is pinned to (trainer/catalog.py),
 torchrun's processes per node equal its GPUs, its pods are not privileged, the ConfigMaps it mounts come
 with it; across runs: rendezvous ids and output directories on the shared volume are unique.
@@ -18,6 +19,7 @@ from typing import Any
 import yaml
 
 from generators.core.yamlio import SafeLoader
+from generators.matrix.images import image_problem
 from generators.validation.manifests import HELM_RELEASE, PYTORCHJOB, Doc, Problem, gvk, meta, obj_name, walk
 from trainer.catalog import INSTANCE_TYPES, InstanceType, efa_for
 
@@ -65,19 +67,6 @@ def containers(data: Any) -> Iterator[tuple[tuple[str, ...], dict]]:
                 for i, c in enumerate(v.get(key) or []):
                     if isinstance(c, dict):
                         yield at + (key, str(i)), c
-
-
-def image_problem(image: Any) -> str:
-    if not isinstance(image, str) or not image:
-        return "has no image"
-    if "@" in image:
-        return ""
-    last = image.rsplit("/", 1)[-1]
-    if ":" not in last:
-        return f"image {image} has no tag; pin it by tag or digest"
-    if last.rsplit(":", 1)[1] == "latest":
-        return f"image {image} uses the moving tag latest; pin it by tag or digest"
-    return ""
 
 
 def looks_secret(value: Any) -> bool:
