@@ -69,7 +69,13 @@ def default_crd_dir(root: Path = REPO_ROOT) -> Path:
 
 
 def kubernetes_validate_dir(version: str) -> Path:
-    import kubernetes_validate  # the package ships the OpenAPI schemas of each Kubernetes minor
+    try:
+        import kubernetes_validate  # the package ships the OpenAPI schemas of each Kubernetes minor
+    except ImportError:
+        raise ToolError(
+            "the Python package kubernetes-validate is not installed (it ships the Kubernetes schemas"
+            " validation checks against): install it with `bash tools/setup.sh test`"
+        ) from None
 
     base = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema"
     src = base / f"v{version}-local-strict"

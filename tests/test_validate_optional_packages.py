@@ -1,0 +1,37 @@
+"""A command run without one of its optional Python packages says which and how to install it, in one
+line, instead of a traceback (a newcomer who ran only the first quick-start command meets this)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from support import REPO_ROOT
+
+BLOCK = """import sys
+class _Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == "kubernetes_validate":
+            raise ModuleNotFoundError(f"No module named {name!r}")
+sys.meta_path.insert(0, _Block())
+"""
+
+
+@pytest.mark.gotools
+def test_validate_without_kubernetes_validate_names_the_package_and_the_install_command(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text(BLOCK)
+    proc = subprocess.run(
+        [sys.executable, "generators/validate.py"],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert "kubernetes-validate" in lines[0] and "bash tools/setup.sh test" in lines[0]
