@@ -33,7 +33,7 @@ if not __package__:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from generators.core import writer
-from generators.core.cli import errors_to_exit_codes, matrix_label, output_dir, sync
+from generators.core.cli import errors_to_exit_codes, matrix_label, output_dir, sync, version_option
 from generators.matrix import Matrix, Run, expand, load
 from generators.plan import ClusterPlan, plan
 from generators.render import provisioning
@@ -45,6 +45,7 @@ DEFAULT_OUT = REPO_ROOT / "overlays" / "provisioning"
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@version_option()
 @click.argument("matrix", metavar="MATRIX")
 @click.option(
     "--out",

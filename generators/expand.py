@@ -32,7 +32,7 @@ if not __package__:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from generators.core import writer
-from generators.core.cli import Failure, errors_to_exit_codes, matrix_label, output_dir, sync
+from generators.core.cli import Failure, errors_to_exit_codes, matrix_label, output_dir, sync, version_option
 from generators.core.errors import InputError
 from generators.matrix import Matrix, Run, expand, load
 from generators.plan import ClusterPlan, Plan, plan
@@ -50,6 +50,7 @@ PLAN_DOCUMENT = "seed-plan.md"
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@version_option()
 @click.argument("matrix", metavar="MATRIX")
 @click.option(
     "--out", "out", metavar="DIR", default=None, help="Output directory (default: the repository's overlays/)."

@@ -47,7 +47,7 @@ import click
 if not __package__:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from generators.core.cli import errors_to_exit_codes, output_dir, sync
+from generators.core.cli import errors_to_exit_codes, output_dir, sync, version_option
 from generators.core.errors import InputError
 from generators.results.measurements import DEFAULT_WARMUP_LOGS, Measurement, Point, load, summarise
 from generators.results.render import GENERATOR, markdown_table, render
@@ -57,6 +57,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@version_option()
 @click.argument("inputs", nargs=-1, metavar="INPUT...")
 @click.option("--out", metavar="DIR", default=None, help="Also write report.md, scaling.svg and mfu.svg into DIR.")
 @click.option(

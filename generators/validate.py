@@ -47,12 +47,13 @@ import click
 if not __package__:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from generators.core.cli import Failure, errors_to_exit_codes
+from generators.core.cli import Failure, errors_to_exit_codes, version_option
 from generators.validation.pipeline import Report, repository_root, validate
 from generators.validation.schemas import CRD_SCHEMAS_ENV, K8S_VERSION, cluster_tools, default_crd_dir
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@version_option()
 @click.option(
     "--crd-schemas",
     "crd_schemas",

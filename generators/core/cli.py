@@ -145,3 +145,17 @@ def sync(
             f"{len(changes.updated)} updated, {len(changes.deleted)} stale deleted",
             err=True,
         )
+
+
+def project_version() -> str:
+    """fsdp-gitops's version: pyproject.toml's, the one source (read from the checkout, so a command
+    run as `python generators/<command>.py` from a clone that was never installed knows it too)."""
+    import tomllib
+
+    with open(Path(__file__).resolve().parents[2] / "pyproject.toml", "rb") as f:
+        return str(tomllib.load(f)["project"]["version"])
+
+
+def version_option() -> Callable[[Any], Any]:
+    """`--version` for every command: `fsdp-gitops 0.1.0`."""
+    return click.version_option(project_version(), "--version", prog_name="fsdp-gitops", message="%(prog)s %(version)s")
