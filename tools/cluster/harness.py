@@ -364,7 +364,8 @@ class Cluster:
             # The API server is ready only after its CRD informer synced, so the stored CRDs are served;
             # what is left to wait for is discovery listing their groups (kubectl resolves kinds there).
             want = set((crd_seed().parent / "crds.txt").read_text().split())  # the seed's own list
-            listed = json.loads(self._api_get(CRD_NAMES_PATH, PARTIAL_METADATA) or "{}")
+            # One read of every stored CRD: under a loaded machine it can take longer than a poll.
+            listed = json.loads(self._api_get(CRD_NAMES_PATH, PARTIAL_METADATA, timeout_s=30) or "{}")
             missing = want - {i["metadata"]["name"] for i in listed.get("items", [])}
             if missing:
                 raise StartError(f"the seeded etcd lacks CRDs {sorted(missing)}; remove {crd_seed().parent}")
