@@ -104,17 +104,12 @@ VERDICTS = (2, 3, 202)
 
 
 def _seconds(name: str, default: float) -> float:
-    raw = os.environ.get(name, "")
-    if not raw:
-        return default
     try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
+        return watchdog.env_number(os.environ, name, default, positive=False)
+    except watchdog.BadSetting:
+        raw = os.environ[name]
         print(f"error: {name}={raw!r}: must be a number of seconds, e.g. {name}={int(default)}", file=sys.stderr)
         sys.exit(2)
-    return value
 
 
 def _resolves(host: str, port: int) -> bool:

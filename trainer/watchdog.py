@@ -65,7 +65,8 @@ class BadSetting(ValueError):
     pass
 
 
-def _number(env: Mapping[str, str], name: str, default: float, *, positive: bool = True) -> float:
+def env_number(env: Mapping[str, str], name: str, default: float, *, positive: bool = True) -> float:
+    """The number setting `name` of env (default when unset or empty); BadSetting names the fix."""
     raw = env.get(name, "")
     if not raw:
         return default
@@ -90,10 +91,10 @@ class HangBounds:
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> HangBounds:
         return cls(
-            factor=_number(env, "FSDP_HANG_FACTOR", cls.factor),
-            min_s=_number(env, "FSDP_HANG_MIN_S", cls.min_s),
-            first_step_s=_number(env, "FSDP_HANG_FIRST_STEP_S", cls.first_step_s),
-            checkpoint_s=_number(env, "FSDP_HANG_CHECKPOINT_S", cls.checkpoint_s),
+            factor=env_number(env, "FSDP_HANG_FACTOR", cls.factor),
+            min_s=env_number(env, "FSDP_HANG_MIN_S", cls.min_s),
+            first_step_s=env_number(env, "FSDP_HANG_FIRST_STEP_S", cls.first_step_s),
+            checkpoint_s=env_number(env, "FSDP_HANG_CHECKPOINT_S", cls.checkpoint_s),
         )
 
     def bound_s(self, phase: str, step_time_s: float | None) -> float:
@@ -216,8 +217,8 @@ class HangWatch:
             if switch not in ("on", "off"):
                 raise BadSetting(f"{SWITCH_ENV}={switch!r}: use on or off")
             HangBounds.from_env(env)  # the workers read them; a bad one is said here, once
-            poll_s = _number(env, POLL_ENV, 5.0)
-            dump_wait_s = _number(env, DUMP_WAIT_ENV, 5.0, positive=False)
+            poll_s = env_number(env, POLL_ENV, 5.0)
+            dump_wait_s = env_number(env, DUMP_WAIT_ENV, 5.0, positive=False)
         except BadSetting as err:
             print(f"error: {err}", file=sys.stderr)
             sys.exit(2)
