@@ -30,9 +30,10 @@ USE = (
 
 
 def edited_copy(root: Path) -> Path:
-    """generators/, trainer/ and base/ copied, with the field declared and used: one edit each."""
+    """generators/, trainer/, base/ and pyproject.toml copied, with the field declared and used: one edit each."""
     for name in ("generators", "trainer", "base"):
         shutil.copytree(REPO_ROOT / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(REPO_ROOT / "pyproject.toml", root / "pyproject.toml")  # the commands' --version
     edits = {
         "generators/matrix/schema.py": ('    name: str = run_field("")\n', FIELD),
         "generators/render/runs.py": (ANCHOR, USE),

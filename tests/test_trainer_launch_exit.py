@@ -144,6 +144,12 @@ def test_exit_now_leaves_with_the_status_after_flushing_both_streams(body, statu
     assert done.stderr.startswith("err") and done.stderr.endswith(stderr), done
 
 
+LATE_WORKER = """import atexit, os, time
+if os.environ.get("RANK") == "1":
+    atexit.register(time.sleep, 3.0)
+"""
+
+
 @pytest.mark.slow
 def test_a_drained_node_and_its_peer_both_exit_143_without_an_abort(tmp_path):
     port = free_port()
@@ -172,6 +178,12 @@ def test_a_drained_node_and_its_peer_both_exit_143_without_an_abort(tmp_path):
             f"metrics.output_dir={tmp_path / f'node-{i}'}",
         ]
         env = trainer_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+        if i == 1:
+            # The peer's worker leaves 3 s after its checkpoint: the store on node 0 must still be there
+            # for the peer's torchrun until then (without the wait, it reads a lost peer and exits 200).
+            (tmp_path / "late").mkdir()
+            (tmp_path / "late" / "sitecustomize.py").write_text(LATE_WORKER)
+            env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "late"), env["PYTHONPATH"]])
         proc = subprocess.Popen(
             cmd, cwd=REPO_ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
         )

@@ -53,7 +53,9 @@
    --max-restarts > 0 (the generated jobs use 3) torchrun restarts the workers and waits in the
    rendezvous for the pod the operator re-creates. 200 because it is >= 128 and above 128 + every
    signal number (Linux signals end at 64): it does not read as a signal, and 143 keeps meaning
-   preemption.
+   preemption. After a stop that every node takes together (a drain of worker 0's node), worker 0's
+   node keeps the store until the other nodes have left it (at most PEERS_LEAVE_S), so that they end
+   with 143 too, not with 200 (trainer/store_peers.py).
 
 torchrun gives its workers 30 s after forwarding SIGTERM, then kills them; a large model's checkpoint
 takes longer. FSDP_TERM_GRACE_S (default 30) sets that time after a signal: keep it a little under the
@@ -87,12 +89,15 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from trainer import attempts, capacity_block, rendezvous_env, transport_check, watchdog
+from trainer import attempts, capacity_block, rendezvous_env, store_peers, transport_check, watchdog
 
 WAIT_ENV = "FSDP_RDZV_WAIT_S"
 GRACE_ENV = "FSDP_TERM_GRACE_S"
 LOG_EVERY_S = 60.0
 POLL_S = 1.0
+# After a stop, how long the node serving the rendezvous store waits for the other nodes to leave it: they
+# stop at the same step and are at most moments behind; short, as the pod's grace period is running.
+PEERS_LEAVE_S = 10.0
 STOPPED = 128 + signal.SIGTERM
 LOST_PEER = 200  # see item 4 of the module docstring
 # Worker exits passed through as they are when every failed worker ended with one of them: 2, bad input
@@ -345,6 +350,17 @@ def _max_nodes(argv: Sequence[str]) -> int:
     return 1 if args.standalone else parse_min_max_nnodes(args.nnodes)[1]
 
 
+def _store_port(argv: Sequence[str]) -> int | None:
+    """The port of the c10d rendezvous store of the command, or None with another backend or alone."""
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+    from torch.distributed.run import parse_args
+
+    args = parse_args(list(argv))
+    if args.standalone or args.rdzv_backend != "c10d" or not args.rdzv_endpoint:
+        return None
+    return parse_rendezvous_endpoint(args.rdzv_endpoint, default_port=29400)[1]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # As a container's first process, a signal without a handler is ignored: make SIGTERM end the wait
@@ -381,6 +397,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # own check ran; its logs (read to the end by close) name the same wrong transport, which a
         # restart would not fix: the run fails with that line, not as a retryable lost peer.
         stop.note(reason)
+    if status == STOPPED and (port := _store_port(argv)) is not None:
+        # Every node is stopping with the same checkpoint: the store stays until the peers have left, so
+        # that none of them reads its going as a lost peer (trainer/store_peers.py).
+        store_peers.wait_for_peers_to_leave(port, PEERS_LEAVE_S)
     return stop.exit_status(status)
 
 

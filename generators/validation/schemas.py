@@ -68,14 +68,28 @@ def default_crd_dir(root: Path = REPO_ROOT) -> Path:
         raise ToolError(f"CRD schemas from the pinned sources: {e}") from None
 
 
-def kubernetes_validate_dir(version: str) -> Path:
+def kubernetes_validate_stamp() -> str:
+    """The installed kubernetes-validate's version line, or a one-line ToolError when it is missing
+    (checked on every run, also when the prepared schemas are cached, so a checkout whose cache was made
+    by another environment answers the same as a fresh one)."""
+    import importlib.util
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as package_version
+
     try:
-        import kubernetes_validate  # the package ships the OpenAPI schemas of each Kubernetes minor
-    except ImportError:
+        if importlib.util.find_spec("kubernetes_validate") is None:
+            raise ModuleNotFoundError("kubernetes_validate")
+        return f"kubernetes-validate {package_version('kubernetes-validate')}\n"
+    except (ImportError, PackageNotFoundError):
         raise ToolError(
             "the Python package kubernetes-validate is not installed (it ships the Kubernetes schemas"
             " validation checks against): install it with `bash tools/setup.sh test`"
         ) from None
+
+
+def kubernetes_validate_dir(version: str) -> Path:
+    kubernetes_validate_stamp()
+    import kubernetes_validate  # the package ships the OpenAPI schemas of each Kubernetes minor
 
     base = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema"
     src = base / f"v{version}-local-strict"
@@ -101,9 +115,7 @@ def prepare_core_schemas(version: str, cache: Path = SCHEMA_CACHE) -> Path:
     sub-structure such as PodSpec finds no schema. A stamp names the package version they came from,
     so upgrading the pin prepares them again.
     """
-    from importlib.metadata import version as package_version
-
-    stamp = f"kubernetes-validate {package_version('kubernetes-validate')}\n"
+    stamp = kubernetes_validate_stamp()
     dst = cache / f"v{version}"
     if (dst / "SOURCE").is_file() and (dst / "SOURCE").read_text() == stamp:
         return dst
