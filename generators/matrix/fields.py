@@ -29,11 +29,14 @@ def _is_type(value: Any, tp: Any) -> bool:
     return isinstance(value, tp)
 
 
-def _suggest(key: str, known: typing.Iterable[str]) -> str:
+def _suggest(key: str, known: typing.Iterable[str], *, before: str = "", after: str = "", level: str = "") -> str:
+    """'did you mean ...? known keys ...': the closest of `known` to `key`, shown between `before` and
+    `after` (a dotted key shows whole: 'checkpoint.interval_steps'); `level` names the mapping the
+    known keys belong to (default: here)."""
     known = sorted(known)
     close = difflib.get_close_matches(key, known, n=1)
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    return f"{hint}known keys here: {', '.join(known)}"
+    hint = f"did you mean {before + close[0] + after!r}? " if close else ""
+    return f"{hint}known keys {f'of {level}' if level else 'here'}: {', '.join(known)}"
 
 
 def _check_keys(file: str, data: LineDict, known: typing.Iterable[str], prefix: str) -> None:

@@ -267,6 +267,18 @@ def _parse_cluster(file: str, name: str, data: Any, line: int, now: dt.datetime)
             f"unknown job API {f['job_api']!r}",
             f"use one of {', '.join(JOB_APIS)} (docs/job-api.md says which to choose)",
         )
+    kueue = f["kueue"]
+    if f["job_api"] == "trainjob":
+        if kueue and "kueue" in data.key_lines:
+            raise _err(
+                file,
+                data.key_lines["kueue"],
+                f"{prefix}.kueue",
+                "the pinned Kueue cannot start a TrainJob: it admits it with Kubeflow Trainer v2.1 types,"
+                " which drop the TrainJob's runtimePatches, so its JobSet stays suspended",
+                "set kueue: false on this cluster, or job_api: pytorchjob to queue its runs (docs/job-api.md)",
+            )
+        kueue = False  # the default on a trainjob cluster, for the reason above
     if f["capacity_block_end"]:
         check_block_end(file, data, prefix, f["capacity_block_end"], f["capacity_blocks"], now)
     if not _K8S_VERSION.match(f["kubernetes_version"]):
@@ -305,7 +317,7 @@ def _parse_cluster(file: str, name: str, data: Any, line: int, now: dt.datetime)
         kubernetes_version=f["kubernetes_version"],
         max_nodes=f["max_nodes"],
         shared_storage_gib=f["shared_storage_gib"],
-        kueue=f["kueue"],
+        kueue=kueue,
         capacity_blocks=f["capacity_blocks"],
         job_api=f["job_api"],
         capacity_block_end=f["capacity_block_end"],
@@ -334,18 +346,8 @@ class _Flattener:
                 sub_line = data.key_lines[sub]
                 sub_key = f"{key}.{sub}"
                 sub_path = f"{path}.{sub}" if path else sub
-                try:
-                    schema_at(sub_path)
-                except KeyError as missing:
-                    known = known_at(path)
-                    bad = str(missing).strip("'")
-                    raise _err(
-                        self.file,
-                        sub_line,
-                        sub_key,
-                        f"unknown key {bad!r}",
-                        f"use a known key ({_suggest(bad, known)})",
-                    ) from None
+                if not _schema_ok(sub_path):
+                    raise _err(self.file, sub_line, sub_key, *_unknown_key(path, sub, "use a known key"))
                 self._walk(sub_value, sub_line, sub_key, sub_path, leaves)
             return
         if path in leaves:
@@ -485,18 +487,8 @@ def parse(data: Any, file: str, *, now: dt.datetime | None = None) -> Matrix:
         for path, values in raw_axes.items():
             aline = raw_axes.key_lines[path]
             akey = f"axes.{path}"
-            try:
-                schema_at(path)
-            except KeyError as missing:
-                parent = path.rpartition(".")[0]
-                known = known_at(parent) if _schema_ok(parent) else known_at("")
-                raise _err(
-                    file,
-                    aline,
-                    akey,
-                    f"unknown key {str(missing)}",
-                    f"use a run field or dotted trainer key ({_suggest(path.rpartition('.')[2], known)})",
-                ) from None
+            if not _schema_ok(path):
+                raise _err(file, aline, akey, *_unknown_key("", path, "use a run field or dotted trainer key"))
             if not isinstance(values, LineList) or not values:
                 raise _err(
                     file,
@@ -549,6 +541,23 @@ def _schema_ok(path: str) -> bool:
         return True
     except KeyError:
         return False
+
+
+def _unknown_key(base: str, written: str, use: str) -> tuple[str, str]:
+    """(message, fix) for a key written under run path `base` ("" = the run) that is not in the
+    schema; a dotted key is hinted at the level of its first unknown part, among that level's keys
+    only, and the suggestion is the whole key as it would be written ('checkpoint.interval_steps')."""
+    parts = written.split(".")
+    level, i = base, 0
+    while parts[i] in known_at(level):  # the caller found the whole path unknown: this stops
+        level = f"{level}.{parts[i]}" if level else parts[i]
+        i += 1
+    part, known = parts[i], known_at(level)
+    if not known:  # a value has no keys under it
+        return f"unknown key {part!r}: {level} is a value, not a mapping", f"set {level} itself, not keys under it"
+    before = "".join(f"{p}." for p in parts[:i])
+    after = "".join(f".{p}" for p in parts[i + 1 :])
+    return f"unknown key {part!r}", f"{use} ({_suggest(part, known, before=before, after=after, level=level)})"
 
 
 def _empty(line: int) -> LineDict:
