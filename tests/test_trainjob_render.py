@@ -47,6 +47,30 @@ def test_an_unknown_job_api_is_one_line_naming_file_line_key_and_fix() -> None:
     assert "'mpijob'" in err and "fix: use one of pytorchjob, trainjob" in err and "\n" not in err
 
 
+def test_kueue_is_off_on_a_trainjob_cluster_and_asking_for_it_is_one_line_naming_the_fix() -> None:
+    m = load(TRAINJOB)
+    assert not m.clusters["fsdp-mixed"].kueue and m.clusters["fsdp-p5"].kueue
+    text = TRAINJOB.replace("    job_api: trainjob\n", "    job_api: trainjob\n    kueue: true\n")
+    with pytest.raises(InputError) as info:
+        load(text)
+    err = str(info.value)
+    assert err.startswith(f"m.yaml:{line_of(text, 'kueue: true')}: clusters.fsdp-mixed.kueue: "), err
+    assert "runtimePatches" in err and "fix: set kueue: false on this cluster" in err and "\n" not in err
+    # kueue: false, written out, is the default said again.
+    assert not load(text.replace("kueue: true", "kueue: false")).clusters["fsdp-mixed"].kueue
+
+
+def test_a_trainjob_cluster_installs_no_kueue_objects() -> None:
+    files = rendered(TRAINJOB)
+    for cluster, kueue in (("fsdp-mixed", False), ("fsdp-p5", True)):
+        components = [
+            c
+            for part in ("controllers", "configs")
+            for c in files[f"infrastructure/{cluster}/{part}/kustomization.yaml"].get("components", [])
+        ]
+        assert any("components/kueue/" in c for c in components) is kueue, (cluster, components)
+
+
 def test_the_expand_command_refuses_it_with_exit_2_and_writes_nothing(tmp_path: Path, cli) -> None:
     matrix, out = tmp_path / "m.yaml", tmp_path / "out"
     matrix.write_text(GOOD)
@@ -80,7 +104,8 @@ def test_one_trainjob_per_run_with_what_differs_per_run() -> None:
         job = files[f"{p.overlay_dir}/trainjob.yaml"]
         assert job["apiVersion"] == "trainer.kubeflow.org/v1alpha1" and job["kind"] == "TrainJob"
         assert job["metadata"]["name"] == p.name
-        assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "fsdp"
+        # A trainjob cluster runs without Kueue (the pinned Kueue cannot start a TrainJob): no queue label.
+        assert "kueue.x-k8s.io/queue-name" not in job["metadata"]["labels"]
         spec = job["spec"]
         assert spec["runtimeRef"] == {
             "name": RUNTIME_NAME,

@@ -185,6 +185,8 @@ class Cluster:
     # Size of the shared ReadWriteMany volume (PVC fsdp-shared, mounted at /shared), GiB.
     shared_storage_gib: int
     # Queue the cluster's jobs with Kueue (admitted as whole gangs within the cluster's GPU quota).
+    # Off on a trainjob cluster, where `kueue: true` is refused: the pinned Kueue admits a TrainJob with
+    # older Trainer types that drop its runtimePatches, and its JobSet never starts (docs/job-api.md).
     kueue: bool = True
     # The capacity reservation ids are EC2 Capacity Blocks for ML (launched with market type
     # capacity-block), not On-Demand Capacity Reservations.
