@@ -36,7 +36,8 @@ Memory fit
 The peak-memory model lives in trainer/memory.py, shared with the trainer. A run whose
 `activation_checkpointing` is `auto` (the default) gets the least recomputation `auto` prefers for
 the instance's GPU memory, written into its config; a run whose estimate exceeds the GPU's memory
-less HEADROOM_GIB even so is rejected (Llama 2 70B on one or two nodes at batch size 3). The
+less HEADROOM_GIB even so is rejected (Llama 2 70B on one or two nodes at batch size 3), with the
+cheapest change that fits, the one `--plan` names (generators/plan/estimate.py searches them). The
 estimate is held to 10% of measured peaks by tests/test_plan_model.py; the headroom covers what it
 does not count (the allocator's cache above its peak, measured; the CUDA context, NCCL's buffers).
 """
@@ -165,11 +166,48 @@ def plan(matrix: Matrix, runs: Sequence[Run]) -> list[ClusterPlan]:
     ]
 
 
+class Unfit(InputError):
+    """A run whose memory estimate exceeds its GPUs' memory."""
+
+
+def _unfit_error(matrix: Matrix, runs: Sequence[Run], unfit: Unfit) -> InputError:
+    """The error for the last of `runs`, which does not fit: the reason and the cheapest fix that
+    `--plan` gives it (the one search of generators/plan/estimate.py), at the line of the setting
+    the fix changes first."""
+    # estimate.py builds on this module's Plan: imported once this module is loaded.
+    from generators.plan.estimate import unfit_estimate
+
+    try:
+        est = unfit_estimate(matrix, runs)
+    except InputError:  # the price table cannot rank the fixes (--plan says why)
+        return unfit
+    refusal = est.refusal
+    if refusal is None:
+        return unfit
+    if not refusal.fix:
+        return _fail(
+            matrix,
+            runs[-1],
+            "model",
+            refusal.reason,
+            "none of more nodes, checkpointing, a larger shard group, fp8 or a smaller batch fits: "
+            "use an instance type with more GPU memory or a smaller model",
+            est.name,
+        )
+    fix = f"set {refusal.fix}: the cheapest change that fits, as --plan shows"
+    return _fail(matrix, runs[-1], refusal.fix_key, refusal.reason, fix, est.name)
+
+
 def plan_runs(matrix: Matrix, runs: Sequence[Run], *, reject_unfit: bool = True) -> list[Plan]:
     """Plan every run in order; two runs with the same name are an error. `reject_unfit=False` plans
     a run that cannot fit as well (`expand.py --plan` refuses it with a fix instead)."""
     cache: dict[str, TrainConfig] = {}
-    plans = [plan_run(matrix, run, cache, reject_unfit=reject_unfit) for run in runs]
+    plans = []
+    for i, run in enumerate(runs):
+        try:
+            plans.append(plan_run(matrix, run, cache, reject_unfit=reject_unfit))
+        except Unfit as unfit:
+            raise _unfit_error(matrix, runs[: i + 1], unfit) from None
     # Different configurations whose names collide (the short hash is shared by about one pair in a
     # few thousand runs) get a longer hash, two digits at a time, until every name is unique; a run
     # that collides with nothing keeps its short name, so names stay stable.
@@ -383,16 +421,17 @@ def plan_run(
     cfg = resolve_auto(arch, cfg, shard_size, instance.gpu_memory_gib)
     est = estimate_peak_gib(arch, cfg, shard_size)
     if reject_unfit and not fits(est, instance.gpu_memory_gib):
-        raise _fail(
+        # plan_runs replaces the fix with --plan's cheapest change that fits, where it can rank them.
+        refused = _fail(
             matrix,
             run,
             "nodes",
             f"{run.model} needs about {est:.0f} GiB per GPU with {par.sharding_strategy} over "
             f"{shard_size} GPUs, but {instance_name} GPUs have {usable_text(instance.gpu_memory_gib)}",
-            f"use more nodes, a larger-memory instance or a smaller batch, or exclude "
-            f"{{model: {run.model}, nodes: {run.nodes}}}",
+            f"python generators/expand.py {matrix.file} --plan names the cheapest change that fits",
             readable,
         )
+        raise Unfit(refused.message, file=refused.file, line=refused.line, key=refused.key, fix=refused.fix)
     shm_cap = instance.host_memory_gib * gpus // instance.num_gpus // 2
     if run.shm_size_gib > shm_cap:
         raise _fail(

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from generators.core.errors import InputError
 from generators.matrix.load import Matrix
 from generators.matrix.schema import Cluster, Run
-from generators.plan import Plan
-from generators.plan.cost import PriceTable
+from generators.plan import Plan, plan_runs
+from generators.plan.cost import PriceTable, load_prices
 from generators.plan.overheads import (
     ASYNC_MODES,
     CheckpointRates,
@@ -105,6 +105,7 @@ class Figures:
 class Refusal:
     reason: str
     fix: str  # the change, as matrix keys, and what it gives; "" when no change tried fits
+    fix_key: str = ""  # the run path the fix changes first ("nodes", "trainer.training.batch_size_per_gpu")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -397,12 +398,13 @@ def estimate_run(
                 if best is None or _price_of(g) < best[0] * (1 - COST_TIE):
                     best = (_price_of(g), label, g)
                 break
-        fix = ""
+        fix = fix_key = ""
         if best is not None:
             _, label, g = best
             cost = f"${g.cost_usd:,.0f}" if g.cost_usd is not None else f"{g.gpu_hours:,.0f} GPU-hours"
             fix = f"{label} (about {g.gpu_gib:.0f} GiB per GPU, {cost})"
-        refusal = Refusal(reason=_reason(plan.model, f, instance), fix=fix)
+            fix_key = label.split(":", 1)[0]  # every label is "key: value[, key: value]"
+        refusal = Refusal(reason=_reason(plan.model, f, instance), fix=fix, fix_key=fix_key)
     return RunEstimate(
         name=plan.name,
         cluster=plan.cluster,
@@ -414,6 +416,14 @@ def estimate_run(
         refusal=refusal,
         settings=settings_of(plan),
     )
+
+
+def unfit_estimate(matrix: Matrix, runs: Sequence[Run]) -> RunEstimate:
+    """The last of `runs` estimated as `--plan` estimates it, refusal and cheapest fix included: what
+    plan_runs refuses a run that does not fit with. The runs before it count as they do in `--plan`
+    (the first run of a model and of a dataset on a cluster downloads and stages them: the costs
+    that rank the fixes)."""
+    return estimate_matrix(matrix, plan_runs(matrix, runs, reject_unfit=False), load_prices()).runs[-1]
 
 
 # Per-run paths carry the name (and so the hash): they differ whenever anything else does.
