@@ -32,7 +32,7 @@ from trainer_support import (
     wait_for,
 )
 
-from trainer.checkpoint import COMPLETE, compare_configs, load_scheduler_state, verify
+from trainer.checkpoint import COMPLETE, TEST_HOOK_ENV, compare_configs, load_scheduler_state, verify
 from trainer.config import TrainingConfig, from_dict, to_dict
 from trainer.data import IGNORE_INDEX, ByteTokenizer, fit_example, pack, tokenize_example
 from trainer.optim import build_scheduler, lr_factor
@@ -339,18 +339,26 @@ def test_resume_with_another_sequence_length_is_refused_in_one_line(ten_steps, t
 
 @pytest.mark.slow
 def test_full_disk_during_a_checkpoint_is_one_line_and_keeps_the_previous_one(tmp_path):
-    # A checkpoint of the tiny model takes about 2 MB: the volume holds the first and not the second.
-    ckpt, copy = tmp_path / "ckpt", tmp_path / "after"
-    ckpt.mkdir()
-    copy.mkdir()
+    # A checkpoint of the tiny model takes about 2 MB; the 8 MB volume passes the start check for
+    # keep_last 2 (trainer/storage.py). Another writer then fills it while step 5 is being written
+    # (held by the test hook after its shards), leaving 64 kB for step 5's last small files: step 10
+    # finds no room.
+    ckpt, copy, hook = tmp_path / "ckpt", tmp_path / "after", tmp_path / "hook"
+    for folder in (ckpt, copy, hook):
+        folder.mkdir()
+    (hook / "hold-step-5").touch()
     script = (
-        'mount -t tmpfs -o size=3m fsdp-test-full "$CKPT" || exit 99; "$@"; rc=$?; cp -a "$CKPT/." "$COPY/"; exit $rc'
+        'mount -t tmpfs -o size=8m fsdp-test-full "$CKPT" || exit 99; '
+        '(while [ ! -e "$HOOK/held-step-5-rank-0" ] || [ ! -e "$HOOK/held-step-5-rank-1" ]; do sleep 0.05; done; '
+        'head -c $(( $(df -B1 --output=avail "$CKPT" | tail -1) - 65536 )) /dev/zero > "$CKPT/filler"; '
+        'rm "$HOOK/hold-step-5") & '
+        '"$@"; rc=$?; rm "$CKPT/filler"; cp -a "$CKPT/." "$COPY/"; exit $rc'
     )
-    env = trainer_env(CKPT=str(ckpt), COPY=str(copy))
+    env = trainer_env(CKPT=str(ckpt), COPY=str(copy), HOOK=str(hook), **{TEST_HOOK_ENV: str(hook)})
     log = run_launch(
         [*output_overrides(tmp_path), "training.max_steps=10", "checkpoint.interval_steps=5"],
         expect_rc=202,
-        prefix=["unshare", "--mount", "sh", "-c", script, "sh"],
+        prefix=["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh"],
         env=env,
     )
     errors = [line for line in log.splitlines() if line.startswith("error:")]

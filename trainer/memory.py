@@ -99,6 +99,13 @@ AUTO_HEADROOM_GIB = 8.0
 AUTO_ORDER = ("none", "selective", "full")
 
 
+def state_bytes_per_param(bf16_optimizer_state: bool) -> int:
+    """Bytes each parameter keeps through training: its fp32 copy and two AdamW moments (fp32, or bf16
+    with training.bf16_optimizer_state). Resident per GPU over the shard group, and the bulk of every
+    checkpoint (trainer/storage.py)."""
+    return 4 + (2 + 2 if bf16_optimizer_state else 4 + 4)
+
+
 def _saved_per_token(arch: Architecture, cfg: TrainConfig) -> int:
     """Elements a decoder layer that keeps its activations saves for backward, per token (see above)."""
     h, i = arch.hidden_size, arch.intermediate_size
@@ -125,7 +132,7 @@ def estimate_peak_gib(
     d = 4 if par.precision == "fp32" else 2
     d_gathered = 1 if par.fp8_all_gather else d
     S = shard
-    resident = P * (4 + (4 if tr.bf16_optimizer_state else 8)) / S
+    resident = P * state_bytes_per_param(tr.bf16_optimizer_state) / S
     # An unresolved grad_sync 'auto' counts as 'every'; resolve_auto decides it before the estimate.
     # Gradients of the earlier micro-batches live through the later ones' activations: unsharded fp32
     # of every parameter when only the last micro-batch reduces, else the sharded ones. Measured on two

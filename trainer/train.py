@@ -132,6 +132,7 @@ def train(cfg: TrainConfig, env: DistEnv) -> int:
     from trainer.optim import build_optimizer, build_scheduler, settle_heap, total_steps, train_step
     from trainer.parallelize import build_mesh, init_distributed, parallelize, resolve_checkpointing
     from trainer.progress import ProgressPublisher
+    from trainer.storage import check_checkpoint_space
     from trainer.watchdog import Heartbeat
 
     say = print if env.rank == 0 else (lambda *a, **k: None)
@@ -156,6 +157,9 @@ def train(cfg: TrainConfig, env: DistEnv) -> int:
     # 2. Model: meta device -> checkpointing/compile/FSDP -> this rank's shards -> weights.
     model = modeling.build_model(cfg.model, model_dir)
     arch = modeling.architecture(model.config, cfg.model.name)
+    # Before any model memory exists: a checkpoint.dir that cannot hold keep_last + 1 checkpoints ends
+    # the run here with one line and exit 2, not with a failed write hours in.
+    check_checkpoint_space(cfg.checkpoint, cfg.training, arch, env.world_size)
     cfg = resolve_checkpointing(cfg, arch, env.world_size, env.local_world_size, device)
     mesh = build_mesh(cfg.parallelism, env.world_size, env.local_world_size, device.type)
     parallelize(model, cfg.parallelism, mesh)
