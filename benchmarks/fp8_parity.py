@@ -1,17 +1,21 @@
-"""Does fp8 train as well as bf16? The same run twice, side by side, one GPU each.
+"""Does fp8 train as well as bf16? The same run in each precision, side by side, one GPU each.
 
     python benchmarks/fp8_parity.py --out DIR [--model llama2-7b] [--steps 300] [--seq-len 1024]
+        [--variants bf16,fp8,fp8-rowwise]
+
+Variants: bf16; fp8 (parallelism.fp8_recipe tensorwise, the default); fp8-rowwise (fp8_recipe rowwise).
+With as many GPUs as variants they run at once, one GPU each; with fewer, one after another on GPU 0.
 
 1. Writes samsum-format dialogues (the templates of tests/data/make_trainer_data.py, a fixed seed, and
    a random mood tag closing every summary, so the loss has a floor of about ln(16)/summary tokens) to
    DIR/samsum.jsonl and trains a byte-level BPE tokenizer on them with the `tokenizers` package
    (DIR/tokenizer/, loadable by transformers' AutoTokenizer like a checkpoint's tokenizer).
-2. Starts two trainer processes at once (torchrun, one GPU each): precision bf16 on GPU 0 and fp8 on
-   GPU 1, identical otherwise: random init with one seed, the same rows in the same order, the
-   trainer's own model, data, optimizer and training step (trainer/). Each writes DIR/<precision>.jsonl,
+2. Starts one trainer process per variant (torchrun, one GPU each): precision bf16 on GPU 0, fp8 on
+   GPU 1 (and so on), identical otherwise: random init with one seed, the same rows in the same order, the
+   trainer's own model, data, optimizer and training step (trainer/). Each writes DIR/<variant>.jsonl,
    one {"step", "loss", "grad_norm", "step_time_s"} per optimizer step.
-3. Prints the final losses (mean of the last 20 steps) and their relative difference, and writes
-   DIR/loss.svg (both curves; the project's chart code, generators/results/svgchart.py) and
+3. Prints the final losses (mean of the last 20 steps) and each one's relative difference from bf16,
+   and writes DIR/loss.svg (every curve; the project's chart code, generators/results/svgchart.py) and
    DIR/parity.json.
 """
 
@@ -48,6 +52,12 @@ MOODS = (
     "serious",
 )
 TAIL = 20  # final loss: mean over the last TAIL steps (one step's loss is noisy)
+# Variant name -> the trainer's parallelism settings.
+VARIANTS: dict[str, dict[str, str]] = {
+    "bf16": {"precision": "bf16"},
+    "fp8": {"precision": "fp8", "fp8_recipe": "tensorwise"},
+    "fp8-rowwise": {"precision": "fp8", "fp8_recipe": "rowwise"},
+}
 
 
 def make_data(out: str, examples: int, vocab: int) -> tuple[str, str]:
@@ -82,7 +92,7 @@ def make_data(out: str, examples: int, vocab: int) -> tuple[str, str]:
 
 
 def worker(
-    precision: str,
+    variant: str,
     model_name: str,
     data: str,
     tok_dir: str,
@@ -115,7 +125,7 @@ def worker(
                 "warmup_steps": steps // 10,
                 "seed": 0,
             },
-            "parallelism": {"precision": precision},
+            "parallelism": VARIANTS[variant],
         }
     )
     env = DistEnv.from_environ()
@@ -140,7 +150,7 @@ def worker(
                         "loss": float(result.loss),
                         "grad_norm": float(result.grad_norm),
                         "step_time_s": time.perf_counter() - t0,
-                        "precision": precision,
+                        "precision": variant,
                         "rows": len(dataset),
                     }
                 )
@@ -155,13 +165,15 @@ def read_losses(path: str) -> list[tuple[int, float]]:
 
 
 def compare(curves: dict[str, list[tuple[int, float]]]) -> dict:
-    """Final losses (mean of the last TAIL steps) and the relative difference of fp8 against bf16."""
+    """Final losses (mean of the last TAIL steps) and the relative difference of each variant against
+    bf16 (relative_difference: fp8's, as before; relative_differences: every variant's)."""
     final = {name: sum(v for _, v in pts[-TAIL:]) / len(pts[-TAIL:]) for name, pts in curves.items()}
-    rel = abs(final["fp8"] - final["bf16"]) / final["bf16"]
+    rels = {name: abs(v - final["bf16"]) / final["bf16"] for name, v in final.items() if name != "bf16"}
     return {
         "final_loss": final,
-        "relative_difference": rel,
-        "within_2_percent": rel <= 0.02,
+        "relative_difference": rels.get("fp8", max(rels.values())),
+        "relative_differences": rels,
+        "within_2_percent": all(r <= 0.02 for r in rels.values()),
         "steps": {name: len(pts) for name, pts in curves.items()},
         "tail_steps": TAIL,
     }
@@ -176,7 +188,7 @@ def chart(curves: dict[str, list[tuple[int, float]]], every: int) -> str:
     ]
     return line_chart(
         series,
-        title="Training loss, bf16 and fp8 (same seed and data)",
+        title="Training loss, " + ", ".join(curves) + " (same seed and data)",
         x_label="optimizer step (log scale)",
         y_label="loss",
         y_tick=lambda v: f"{v:.1f}",
@@ -192,7 +204,10 @@ def chart(curves: dict[str, list[tuple[int, float]]], every: int) -> str:
 @click.option("--lr", default=1e-4, show_default=True)
 @click.option("--examples", default=40000, show_default=True, help="samsum-format dialogues generated")
 @click.option("--vocab", default=4096, show_default=True, help="BPE vocabulary size")
-@click.option("--worker", "worker_precision", type=click.Choice(["bf16", "fp8"]), default=None, hidden=True)
+@click.option(
+    "--variants", default="bf16,fp8", show_default=True, help="Comma-separated, bf16 first: " + ", ".join(VARIANTS)
+)
+@click.option("--worker", "worker_variant", type=click.Choice(sorted(VARIANTS)), default=None, hidden=True)
 def main(
     out: str,
     model_name: str,
@@ -202,13 +217,14 @@ def main(
     lr: float,
     examples: int,
     vocab: int,
-    worker_precision: str | None,
+    variants: str,
+    worker_variant: str | None,
 ) -> None:
     """Train bf16 and fp8 side by side and compare the loss curves."""
     data, tok_dir = os.path.join(out, "samsum.jsonl"), os.path.join(out, "tokenizer")
-    if worker_precision:
+    if worker_variant:
         worker(
-            worker_precision,
+            worker_variant,
             model_name,
             data,
             tok_dir,
@@ -216,13 +232,21 @@ def main(
             batch_size,
             steps,
             lr,
-            os.path.join(out, f"{worker_precision}.jsonl"),
+            os.path.join(out, f"{worker_variant}.jsonl"),
         )
         return
+    names = [v.strip() for v in variants.split(",") if v.strip()]
+    if names[:1] != ["bf16"] or len(names) < 2 or any(n not in VARIANTS for n in names) or len(set(names)) < len(names):
+        click.echo(f"error: --variants {variants!r}: bf16 first, then one or more of {', '.join(VARIANTS)}", err=True)
+        sys.exit(2)
+    import torch
+
+    side_by_side = torch.cuda.device_count() >= len(names)
     os.makedirs(out, exist_ok=True)
     make_data(out, examples, vocab)
+    codes = []
     procs = []
-    for gpu, precision in enumerate(("bf16", "fp8")):
+    for gpu, variant in enumerate(names):
         cmd = [
             sys.executable,
             "-m",
@@ -243,16 +267,21 @@ def main(
             "--lr",
             str(lr),
             "--worker",
-            precision,
+            variant,
         ]
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu), NCCL_NVLS_ENABLE="0", PYTHONUNBUFFERED="1")
-        click.echo(f"--- {precision} on GPU {gpu}: {' '.join(cmd[2:])}", err=True)
-        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env))
-    codes = [p.wait() for p in procs]
+        device = gpu if side_by_side else 0
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(device), NCCL_NVLS_ENABLE="0", PYTHONUNBUFFERED="1")
+        click.echo(f"--- {variant} on GPU {device}: {' '.join(cmd[2:])}", err=True)
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
+        if side_by_side:
+            procs.append(proc)
+        else:
+            codes.append(proc.wait())
+    codes += [p.wait() for p in procs]
     if any(codes):
         click.echo(f"error: a training run failed (exit codes {codes})", err=True)
         sys.exit(1)
-    curves = {p: read_losses(os.path.join(out, f"{p}.jsonl")) for p in ("bf16", "fp8")}
+    curves = {p: read_losses(os.path.join(out, f"{p}.jsonl")) for p in names}
     result = compare(curves)
     with open(os.path.join(out, "parity.json"), "w", encoding="utf-8") as fh:
         json.dump(result, fh, indent=1, sort_keys=True)

@@ -141,10 +141,18 @@ class ParallelismConfig:
     # fuses the norms, rotary embedding and SwiGLU (what it adds is measured in
     # benchmarks/reports/2026-11-29-h200-trainer-one-gpu.md).
     compile: bool = True
+    # How the decoder blocks are compiled: "default" (torch.compile's default mode) or "max-autotune"
+    # (Inductor times Triton matmul templates against cuBLAS for every shape and keeps the faster;
+    # mode max-autotune-no-cudagraphs, since FSDP's hooks cannot run inside a CUDA graph). Needs compile.
+    compile_mode: Literal["default", "max-autotune"] = "default"
     # Parameters in bf16 with fp32 gradient reduction, or everything in fp32. fp8: as bf16, and the
     # decoder layers' linear projections compute in float8 (torchao, dynamic tensorwise scales);
     # the output layer (lm_head), the embeddings and the norms stay bf16.
     precision: Literal["bf16", "fp8", "fp32"] = "bf16"
+    # fp8 only: how torchao scales the float8 operands (trainer/fp8.py). "tensorwise": one scale per
+    # tensor, the fastest; "rowwise": one scale per row of each operand (torchao's rowwise recipe),
+    # more accurate for tensors with outlier rows, at more scaling work per matmul.
+    fp8_recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
     # fp8 only: FSDP all-gathers the decoder weights in float8 (half the bytes of bf16). Off by
     # default: between two GPUs over NVLink the extra casts cost more than the traffic saved
     # (benchmarks/reports/2026-11-30-h200x2-training.md); across nodes it can pay.
@@ -172,6 +180,22 @@ class ParallelismConfig:
             "is only used with sharding_strategy HYBRID_SHARD; remove it",
         )
         _require(self.selective_ac_every >= 1, "parallelism.selective_ac_every", "must be at least 1")
+        _require(
+            self.compile or self.compile_mode == "default",
+            "parallelism.compile_mode",
+            f"{self.compile_mode} needs compile: set parallelism.compile: true or remove compile_mode",
+        )
+        _require(
+            self.fp8_recipe == "tensorwise" or self.precision == "fp8",
+            "parallelism.fp8_recipe",
+            f"{self.fp8_recipe} needs precision fp8; set parallelism.precision: fp8 or remove fp8_recipe",
+        )
+        _require(
+            not (self.fp8_all_gather and self.fp8_recipe == "rowwise"),
+            "parallelism.fp8_all_gather",
+            "torchao all-gathers float8 weights with tensorwise scales only; "
+            "set parallelism.fp8_recipe: tensorwise or remove fp8_all_gather",
+        )
         _require(
             not self.fp8_all_gather or self.precision == "fp8",
             "parallelism.fp8_all_gather",

@@ -11,7 +11,9 @@ emulated on purpose: the same code path runs everywhere.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from typing import Any
 
 from trainer.catalog import FP8_MIN_COMPUTE_CAPABILITY, capability_text
 from trainer.config import ConfigError, ParallelismConfig
@@ -27,6 +29,21 @@ def check_device(cfg: ParallelismConfig, device_name: str, capability: tuple[int
         f"but this GPU ({device_name}) is {capability_text(capability)}, where fp8 is only emulated "
         "and runs slower than bf16; set parallelism.precision: bf16",
     )
+
+
+def float8_linear_config(cfg: ParallelismConfig, emulate: bool) -> Any:
+    """torchao's Float8LinearConfig for parallelism.fp8_recipe (a torchao.float8.Float8LinearConfig).
+
+    tensorwise: dynamic scales, one per tensor, optionally with float8 FSDP all-gathers (fp8_all_gather).
+    rowwise: torchao's "rowwise" recipe, one scale per row of each operand (axiswise), scales rounded
+    to powers of two. `emulate` computes the float8 matmuls in higher precision (no float8 tensor
+    cores: CPU runs and the tests).
+    """
+    from torchao.float8 import Float8LinearConfig
+
+    if cfg.fp8_recipe == "rowwise":
+        return dataclasses.replace(Float8LinearConfig.from_recipe_name("rowwise"), emulate=emulate)
+    return Float8LinearConfig(enable_fsdp_float8_all_gather=cfg.fp8_all_gather, emulate=emulate)
 
 
 def local_device(local_rank: int) -> tuple[str, tuple[int, int] | None]:

@@ -109,15 +109,17 @@ def apply_activation_checkpointing(model: torch.nn.Module, mode: str, every: int
             layers[i] = checkpoint_wrapper(layer, preserve_rng_state=False)
 
 
-def apply_compile(model: torch.nn.Module, enabled: bool, device_type: str) -> None:
-    """torch.compile each decoder layer: identical blocks share one compiled graph."""
+def apply_compile(model: torch.nn.Module, enabled: bool, device_type: str, mode: str = "default") -> None:
+    """torch.compile each decoder layer: identical blocks share one compiled graph. mode
+    (parallelism.compile_mode) "max-autotune" autotunes the matmuls without CUDA graphs."""
     if not enabled:
         return
     if device_type != "cuda":
         warnings.warn("parallelism.compile is ignored on CPU", stacklevel=2)
         return
+    options = {"mode": "max-autotune-no-cudagraphs"} if mode == "max-autotune" else {}
     for layer in decoder_layers(model):
-        layer.compile()
+        layer.compile(**options)
 
 
 def apply_fsdp(model: torch.nn.Module, cfg: ParallelismConfig, mesh: DeviceMesh) -> None:
@@ -154,15 +156,17 @@ def apply_fp8(model: torch.nn.Module, cfg: ParallelismConfig, device_type: str) 
 
     Only linears inside model.model.layers are converted: the lm_head (its logits feed the loss, and
     torchao's recipes keep it in high precision), the embeddings and the norms stay bf16. Scales are
-    dynamic and per tensor. Without an fp8-capable GPU (CPU runs, tests) torchao emulates the float8
-    matmul, so the same code path runs everywhere.
+    dynamic, per tensor or per row (parallelism.fp8_recipe). Without an fp8-capable GPU (CPU runs,
+    tests) torchao emulates the float8 matmul, so the same code path runs everywhere.
     """
     if cfg.precision != "fp8":
         return
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    from torchao.float8 import convert_to_float8_training
+
+    from trainer.fp8 import float8_linear_config
 
     emulate = device_type != "cuda" or torch.cuda.get_device_capability() < (8, 9)
-    config = Float8LinearConfig(enable_fsdp_float8_all_gather=cfg.fp8_all_gather, emulate=emulate)
+    config = float8_linear_config(cfg, emulate)
     for layer in decoder_layers(model):
         # fp8 matmuls need both dimensions divisible by 16; every catalog architecture's are.
         convert_to_float8_training(
@@ -178,6 +182,6 @@ def parallelize(model: torch.nn.Module, cfg: ParallelismConfig, mesh: DeviceMesh
     """fp8 linears -> checkpointing -> compile -> FSDP, on the meta-device model; returns the same module."""
     apply_fp8(model, cfg, mesh.device_type)
     apply_activation_checkpointing(model, cfg.activation_checkpointing, cfg.selective_ac_every)
-    apply_compile(model, cfg.compile, mesh.device_type)
+    apply_compile(model, cfg.compile, mesh.device_type, cfg.compile_mode)
     apply_fsdp(model, cfg, mesh)
     return model

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# On one H200: the project's trainer and torchtitan's, side by side in one device call, and the fp8
+# recipes' losses against bf16 (benchmarks/reports/2026-12-03-performance.md). Stages:
+#   bash benchmarks/h200_perf.sh llama2-7b   # project rows (default, batch 3/4 with bf16 moments, fp8
+#                                            # tensorwise and rowwise, max-autotune) and torchtitan rows
+#   bash benchmarks/h200_perf.sh llama3.1-8b # the same model comparison for Llama-3.1-8B
+#   bash benchmarks/h200_perf.sh parity      # bf16, fp8 tensorwise, fp8 rowwise: 200 steps each, one GPU
+# torchtitan and torchao travel as wheels in .whl/ (pinned: torchtitan 0.2.2, torchao 0.17.0).
+# Results (JSON lines, logs) go to ${OUT:-/tmp/h200-perf}. PERF_BUDGET_S (default 560) bounds a stage:
+# a row that could not finish in what is left is skipped and says so.
+set -uo pipefail
+dest="${OUT:-/tmp/h200-perf}"
+# Logs gather in a work folder and come back as one archive (a device call returns 8 files at most).
+out=/tmp/h200-perf-work
+mkdir -p "$dest" "$out"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || exit 1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+start=$(date +%s)
+budget="${PERF_BUDGET_S:-560}"
+left() { echo $((budget - ($(date +%s) - start))); }
+# row NAME NEED_S TOOL ARGS...: one configuration, skipped when fewer than NEED_S seconds are left.
+row() {
+  local name=$1 need=$2 tool=$3
+  shift 3
+  local t0 rest
+  rest=$(left)
+  if [ "$rest" -lt "$need" ]; then
+    echo "SKIPPED $name: ${rest}s left, needs ${need}s" | tee -a "$out/skipped.txt"
+    return
+  fi
+  t0=$(date +%s)
+  timeout $((rest - 5)) python3 -m torch.distributed.run --standalone --nproc_per_node=1 "benchmarks/$tool.py" \
+    --warmup 3 --steps 8 --name "$name" --json "$out/$json" "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  grep -E "^== |tokens/s per GPU|MFU|peak allocated" "$out/$name.log"
+  [ $rc -eq 0 ] || { echo "FAILED $name: exit $rc"; grep -E "Error|error" "$out/$name.log" | tail -3; }
+  echo "   ($name: $(($(date +%s) - t0)) s)"
+}
+bf16m=(--set training.bf16_optimizer_state=true --set parallelism.activation_checkpointing=none)
+for stage in "$@"; do
+  case "$stage" in
+    llama2-7b)
+      json=h200x1-perf-llama2-7b.jsonl
+      m=(--model llama2-7b --seq-len 4096)
+      row default 70 train_bench "${m[@]}" --batch-size 2
+      row torchtitan 70 titan_bench "${m[@]}" --batch-size 2
+      row default-fp8 70 train_bench "${m[@]}" --batch-size 2 --set parallelism.precision=fp8
+      row torchtitan-fp8 70 titan_bench "${m[@]}" --batch-size 2 --precision fp8
+      row default-fp8-rowwise 70 train_bench "${m[@]}" --batch-size 2 --set parallelism.precision=fp8 \
+        --set parallelism.fp8_recipe=rowwise
+      row batch3-bf16-moments 70 train_bench "${m[@]}" --batch-size 3 "${bf16m[@]}"
+      row batch4-bf16-moments 80 train_bench "${m[@]}" --batch-size 4 "${bf16m[@]}"
+      row fp8-batch4-bf16-moments 80 train_bench "${m[@]}" --batch-size 4 "${bf16m[@]}" \
+        --set parallelism.precision=fp8
+      row default-max-autotune 120 train_bench "${m[@]}" --batch-size 2 --set parallelism.compile_mode=max-autotune ;;
+    llama3.1-8b)
+      json=h200x1-perf-llama3.1-8b.jsonl
+      m=(--model llama3.1-8b --seq-len 4096)
+      row default 80 train_bench "${m[@]}" --batch-size 2
+      row default-fp8 80 train_bench "${m[@]}" --batch-size 2 --set parallelism.precision=fp8
+      row torchtitan 80 titan_bench "${m[@]}" --batch-size 2 --checkpointing "${TITAN_8B_AC:-selective}"
+      row torchtitan-fp8 80 titan_bench "${m[@]}" --batch-size 2 --precision fp8 --checkpointing "${TITAN_8B_AC:-selective}"
+      ;;
+    parity)
+      timeout $(($(left) - 5)) python3 benchmarks/fp8_parity.py --out "$out/parity" --steps "${PARITY_STEPS:-200}" \
+        --variants bf16,fp8,fp8-rowwise 2>&1 | tee "$out/parity.log" | grep -vE "^\s*$" | tail -8
+      cp "$out/parity/"{parity.json,loss.svg} "$out/" 2>/dev/null
+      for v in bf16 fp8 fp8-rowwise; do cp "$out/parity/$v.jsonl" "$out/parity-$v.jsonl" 2>/dev/null; done ;;
+    *) echo "unknown stage $stage" >&2; exit 2 ;;
+  esac
+done
+echo "stage time $(($(date +%s) - start)) s"
+cp "$out"/*.jsonl "$out"/parity.json "$out"/loss.svg "$dest/" 2>/dev/null
+(cd "$out" && tar czf "$dest/logs.tgz" --exclude=samsum.jsonl --exclude=tokenizer ./*.log ./skipped.txt parity 2>/dev/null)
+ls "$dest"
