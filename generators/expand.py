@@ -5,6 +5,7 @@
     python generators/expand.py matrix.yaml --list     # table of the runs, writes nothing
     python generators/expand.py matrix.yaml --plan     # memory, speed, hours and cost of every run
     python generators/expand.py matrix.yaml --plan --base origin/main   # ... against another commit
+    python generators/expand.py matrix.yaml --plan --format json        # its rows for scripts (or csv)
     python generators/expand.py matrix.yaml --out /tmp/overlays                 # the overlays only
     python generators/expand.py matrix.yaml --out /tmp/o --plan-out /tmp/docs   # and the plan document
 
@@ -37,6 +38,7 @@ from generators.core.errors import InputError
 from generators.matrix import Matrix, Run, expand, load
 from generators.plan import ClusterPlan, Plan, plan
 from generators.plan.compare import plan_output
+from generators.plan.table import FORMATS
 from generators.plan.window import overrun_warnings
 from generators.render import Layout, layout_for, render
 
@@ -84,6 +86,14 @@ PLAN_DOCUMENT = "seed-plan.md"
     default=None,
     help="With --plan: the price table (default: generators/plan/prices.yaml).",
 )
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    default="table",
+    show_default=True,
+    help="With --plan: the table (Markdown), or its rows for scripts as json or csv, on stdout.",
+)
 @errors_to_exit_codes
 def main(
     matrix: str,
@@ -94,6 +104,7 @@ def main(
     show_plan: bool,
     base: str | None,
     prices: str | None,
+    fmt: str,
 ) -> None:
     """Expand MATRIX (an experiment matrix, e.g. matrix.yaml) into kustomize overlays."""
     if check and list_runs:
@@ -108,6 +119,14 @@ def main(
         raise InputError(
             "only with --plan", key="--base" if base is not None else "--prices", fix="add --plan, or drop the option"
         )
+    if fmt != "table" and (not show_plan or base is not None):
+        raise InputError(
+            "only with --plan, without --base" if show_plan else "only with --plan",
+            key=f"--format {fmt}",
+            fix="--plan --base prints the difference as a table: drop --format"
+            if show_plan
+            else "add --plan, or drop the option",
+        )
     out_dir = output_dir(out, DEFAULT_OUT, REPO_ROOT)
     label = matrix_label(matrix, REPO_ROOT)
 
@@ -116,7 +135,7 @@ def main(
     for warning in overrun_warnings(m, runs):
         click.echo(f"warning: {warning}", err=True)
     if show_plan:
-        print_plan(matrix, label, m, runs, base, prices)
+        print_plan(matrix, label, m, runs, base, prices, fmt)
         return
     plans: list[ClusterPlan] = plan(m, runs)
     if list_runs:
@@ -150,9 +169,12 @@ def plan_document(matrix_file: str, label: str, m: Matrix, runs: list[Run]) -> s
     )
 
 
-def print_plan(matrix_file: str, label: str, m: Matrix, runs: list[Run], base: str | None, prices: str | None) -> None:
-    """--plan: the plan (or its difference against REF) on stdout; refused runs make it exit 1."""
-    text, refused = plan_output(matrix_file, label, m, runs, base, prices)
+def print_plan(
+    matrix_file: str, label: str, m: Matrix, runs: list[Run], base: str | None, prices: str | None, fmt: str
+) -> None:
+    """--plan: the plan (or its difference against REF, or its rows as `fmt` json or csv) on stdout;
+    refused runs make it exit 1."""
+    text, refused = plan_output(matrix_file, label, m, runs, base, prices, fmt)
     click.echo(text, nl=False)
     if refused:
         raise Failure(

@@ -32,7 +32,7 @@ from generators.plan.estimate import (
     estimate_matrix,
     refusal_text,
 )
-from generators.plan.table import PLAN_HEADER, plan_markdown, plan_rows
+from generators.plan.table import PLAN_HEADER, plan_formatted, plan_markdown, plan_rows
 
 BASE_FIX = "pass a commit, branch or tag of this repository (e.g. origin/main; in CI fetch it first)"
 
@@ -201,14 +201,23 @@ def diff_markdown(d: PlanDiff) -> str:
 
 
 def plan_output(
-    matrix_file: str, label: str, matrix: Matrix, runs: list[Run], base: str | None, prices_file: str | None
+    matrix_file: str,
+    label: str,
+    matrix: Matrix,
+    runs: list[Run],
+    base: str | None,
+    prices_file: str | None,
+    fmt: str = "table",
 ) -> tuple[str, int]:
-    """(the Markdown `expand.py --plan [--base REF]` prints, how many runs are refused); `label` names
-    the matrix in the title (the banners' name for it: the same text from any directory)."""
+    """(the Markdown `expand.py --plan [--base REF]` prints, or its per-run table as `fmt` json or csv;
+    how many runs are refused); `label` names the matrix in the title (the banners' name for it: the
+    same text from any directory)."""
     prices = load_prices(prices_file, prices_file)
     new = dataclasses.replace(
         estimate_matrix(matrix, plan_runs(matrix, runs, reject_unfit=False), prices), matrix_file=label
     )
+    if fmt != "table":
+        return plan_formatted(new, fmt), len(new.refused)
     if base is None:
         return plan_markdown(new), len(new.refused)
     label, text = matrix_at(base, matrix_file)

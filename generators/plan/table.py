@@ -1,10 +1,16 @@
 """The plan as text: the per-run table, the totals per cluster and the Markdown document `--plan` prints
-and `expand.py` writes as docs/generated/seed-plan.md (the figures come from estimate.py)."""
+and `expand.py` writes as docs/generated/seed-plan.md (the figures come from estimate.py); and the
+per-run table for scripts (`--plan --format json|csv`): the same rows, each column of the table as one
+or more fields (PLAN_FIELDS) with the figures as numbers, rounded as the table shows them."""
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from generators.core.markdown import table
 from generators.plan.estimate import Figures, MatrixEstimate, RunEstimate, refusal_text
@@ -78,6 +84,87 @@ def plan_rows(runs: Sequence[RunEstimate]) -> list[list[str]]:
             ]
         )
     return rows
+
+
+# The table's columns (PLAN_HEADER, in order) -> the fields of `--format json|csv` that carry them;
+# besides them, each row names its cluster, and a refused run its reason and fix.
+PLAN_FIELDS: dict[str, tuple[str, ...]] = {
+    "run": ("run", "cluster", "refused", "reason", "fix"),
+    "GPUs": ("gpus",),
+    "GPU memory, GiB per GPU (of)": ("gpu_memory_gib_per_gpu", "gpu_memory_of_gib"),
+    "host memory loading, GiB per node (of)": ("host_memory_loading_gib_per_node", "host_memory_of_gib"),
+    "tokens/s per GPU": ("tokens_per_s_per_gpu", "uncalibrated"),
+    "start, min": ("start_min",),
+    "model load, min": ("model_load_min",),
+    "data staging, min": ("data_staging_min",),
+    "saves, min": ("saves_min", "saves", "save_blocking_s"),
+    "final save and export, min": ("final_save_and_export_min",),
+    "hours": ("hours",),
+    "GPU-hours": ("gpu_hours",),
+    "cost, USD": ("cost_usd", "reserved"),
+}
+FORMATS = ("table", "json", "csv")
+
+
+def _number(value: float, digits: int) -> float | int | None:
+    """As the table rounds it (0 digits: an integer); None where the table shows '-' (hours of a
+    dataset of unknown size)."""
+    if math.isnan(value):
+        return None
+    return round(value, digits) if digits else round(value)
+
+
+def plan_records(runs: Sequence[RunEstimate]) -> list[dict[str, Any]]:
+    """plan_rows as records: one per run, the fields of PLAN_FIELDS in order."""
+    out = []
+    for r in runs:
+        f = r.figures
+        o = f.overheads
+        record: dict[str, Any] = {
+            "run": r.name,
+            "cluster": r.cluster,
+            "refused": r.refusal is not None,
+            "reason": r.refusal.reason if r.refusal else "",
+            "fix": r.refusal.fix if r.refusal else "",
+            "gpus": f.world,
+            "gpu_memory_gib_per_gpu": _number(f.gpu_gib, 1),
+            "gpu_memory_of_gib": f.gpu_capacity_gib,
+            "host_memory_loading_gib_per_node": _number(f.host_gib, 0),
+            "host_memory_of_gib": f.host_capacity_gib,
+            "tokens_per_s_per_gpu": _number(f.speed.tokens_per_s_per_gpu, 0),
+            "uncalibrated": "; ".join(f.speed.uncalibrated),
+            "start_min": _number(o.start_s / 60, 1),
+            "model_load_min": _number(o.model_load_s / 60, 1),
+            "data_staging_min": _number(o.staging_s / 60, 1),
+            "saves_min": _number(o.saves_s / 60, 1),
+            "saves": o.saves,
+            "save_blocking_s": _number(o.save_blocking_s, 1),
+            "final_save_and_export_min": _number(o.final_s / 60, 1),
+            "hours": _number(f.hours, 3),
+            "gpu_hours": _number(f.gpu_hours, 3),
+            "cost_usd": None if f.cost_usd is None else _number(f.cost_usd, 2),
+            "reserved": r.reserved,
+        }
+        out.append({k: record[k] for fields in PLAN_FIELDS.values() for k in fields})
+    return out
+
+
+def plan_formatted(est: MatrixEstimate, fmt: str) -> str:
+    """The per-run table as `fmt`: "json" (a list of records), else CSV (a header, then a row per run;
+    true/false, and nothing for a missing number)."""
+    records = plan_records(est.runs)
+    if fmt == "json":
+        return json.dumps(records, indent=1) + "\n"
+    text = io.StringIO()
+    writer = csv.DictWriter(
+        text, fieldnames=[k for fields in PLAN_FIELDS.values() for k in fields], lineterminator="\n"
+    )
+    writer.writeheader()
+    for record in records:
+        writer.writerow(
+            {k: "" if v is None else str(v).lower() if isinstance(v, bool) else v for k, v in record.items()}
+        )
+    return text.getvalue()
 
 
 def totals(runs: Sequence[RunEstimate]) -> list[tuple[str, int, float, float, bool]]:
