@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -102,46 +103,51 @@ def _on_disk(path: str) -> int:
     return total
 
 
-def _existing_checkpoints(directory: str) -> tuple[list[int], int]:
-    """(sizes of the complete checkpoints, oldest first; bytes of the partial `.tmp-*` ones) in `directory`."""
+@dataclass(frozen=True)
+class Space:
+    """What the file system of checkpoint.dir offers: bytes free, and what the checkpoints there take."""
+
+    free: int
+    complete: tuple[int, ...] = ()  # each complete checkpoint (step-*), oldest first
+    partial: int = 0  # the `.tmp-*` directories (removed before the next save writes)
+
+
+def measure(directory: str) -> Space:
+    """The Space of `directory` (which need not exist yet), as it is on disk now."""
+    free = shutil.disk_usage(_existing_ancestor(directory)).free
     if not os.path.isdir(directory):
-        return [], 0
+        return Space(free)
     partial = sum(
         _on_disk(os.path.join(directory, name)) for name in os.listdir(directory) if name.startswith(TMP_PREFIX)
     )
-    return [_on_disk(path) for _, path in complete_checkpoints(directory)], partial
+    return Space(free, tuple(_on_disk(path) for _, path in complete_checkpoints(directory)), partial)
 
 
-def space_problem(cfg: CheckpointConfig, size: int, bf16_optimizer_state: bool) -> str | None:
-    """Why `cfg.dir` cannot hold the checkpoints of `size` bytes the run keeps, or None when it can.
-
-    Reads the directory and its file system: the message, without the key, of the one line.
-    """
-    if not cfg.dir:
-        return None
+def space_problem(cfg: CheckpointConfig, size: int, bf16_optimizer_state: bool, space: Space) -> str | None:
+    """Why `cfg.dir` with `space` cannot hold the checkpoints of `size` bytes the run keeps (the message
+    of the one line, without its key), or None when it can."""
     keep = cfg.keep_last
-    complete, partial = _existing_checkpoints(cfg.dir)
-    kept = complete[-keep:]
+    kept = sum(space.complete[-keep:])
+    replaced = sum(space.complete) + space.partial
     needed = (keep + 1) * size
-    first_save = sum(kept) + size
-    free = shutil.disk_usage(_existing_ancestor(cfg.dir)).free
-    room = free + sum(complete) + partial
-    limit = max(needed * (1 + MARGIN), sum(kept) + size * (1 + MARGIN))
-    if room >= limit:
+    # Kept checkpoints larger than the new one (saved with fp32 moments, say) make the first save the peak.
+    limit = max(needed, kept + size) * (1 + MARGIN)
+    if space.free + replaced >= limit:
         return None
-    if first_save > needed:
+    if kept + size > needed:
+        n = len(space.complete[-keep:])
         what = (
-            f"the {len(kept)} checkpoint{'s' if len(kept) > 1 else ''} kept there ({size_text(sum(kept))}, "
-            f"keep_last {keep}) and the one being written ({size_text(size)}) need {size_text(first_save)}"
+            f"the {n} checkpoint{'s' if n > 1 else ''} kept there ({size_text(kept)}, keep_last {keep}) and "
+            f"the one being written ({size_text(size)}) need {size_text(kept + size)}"
         )
     else:
         what = (
             f"{keep + 1} checkpoints of {size_text(size)} each (keep_last {keep}, plus the one being written) "
             f"need {size_text(needed)}"
         )
-    have = f"{size_text(free)} free"
-    if complete or partial:
-        have += f" and {size_text(sum(complete) + partial)} in the checkpoints there that rotation replaces"
+    have = f"{size_text(space.free)} free"
+    if replaced:
+        have += f" and {size_text(replaced)} in the checkpoints there that rotation replaces"
     fixes = ["free space", "use a larger volume"]
     if keep > 1:
         fixes.append(f"lower checkpoint.keep_last (now {keep})")
@@ -161,7 +167,7 @@ def check_checkpoint_space(
     answer: list[str | None] = [None]
     if dist.get_rank() == 0:
         size = checkpoint_bytes(arch, training.bf16_optimizer_state, world_size, cfg.writer_threads)
-        answer[0] = space_problem(cfg, size, training.bf16_optimizer_state)
+        answer[0] = space_problem(cfg, size, training.bf16_optimizer_state, measure(cfg.dir))
     dist.broadcast_object_list(answer, src=0, device=torch.device("cpu"))
     if answer[0] is not None:
         raise ConfigError("checkpoint.dir", answer[0])

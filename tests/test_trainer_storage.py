@@ -1,0 +1,233 @@
+"""The start check of checkpoint.dir's space (trainer/storage.py), and rotation on a volume that is just big enough.
+
+The unit tests hold the size estimate to the memory model and the one line to its figures. The slow
+ones run the real trainer (tiny config, 2 CPU ranks, through `python -m trainer.launch`) with
+checkpoint.dir on a size-limited tmpfs mounted in a private mount namespace (`unshare --mount
+--propagation private`, root, as in CI): the host's mounts never see it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from support import REPO_ROOT
+from trainer_support import LAUNCH_TIMEOUT_S, torchrun_cmd, trainer_env
+
+from trainer.catalog import MODELS
+from trainer.checkpoint import TEST_HOOK_ENV, verify
+from trainer.config import CheckpointConfig, TrainingConfig
+from trainer.memory import state_bytes_per_param
+from trainer.storage import MARGIN, Space, check_checkpoint_space, checkpoint_bytes, measure, space_problem
+
+GB = 10**9
+TINY_SIZE = checkpoint_bytes(MODELS["tiny"], False, world_size=2, writer_threads=8)
+
+# --- the size of a checkpoint -------------------------------------------------------------------------
+
+
+def test_checkpoint_size_is_the_memory_models_state_and_a_little_metadata():
+    arch = MODELS["llama2-7b"]
+    fp32 = checkpoint_bytes(arch, False, world_size=8, writer_threads=8)
+    bf16 = checkpoint_bytes(arch, True, world_size=8, writer_threads=8)
+    # The measured checkpoints of Llama-2-7B: 80.9 GB with fp32 moments, 53.9 GB with bf16 ones.
+    assert round(fp32 / GB, 1) == 80.9 and round(bf16 / GB, 1) == 53.9
+    # Both moments' bytes as the memory model counts them, the rest the same for both.
+    assert fp32 - bf16 == arch.num_params * (state_bytes_per_param(False) - state_bytes_per_param(True))
+    assert 0 < fp32 - arch.num_params * state_bytes_per_param(False) < fp32 / 1000
+
+
+def test_more_ranks_and_writer_threads_add_their_files_and_chunks():
+    arch = MODELS["tiny"]
+    one = checkpoint_bytes(arch, False, world_size=1, writer_threads=8)
+    assert checkpoint_bytes(arch, False, world_size=2, writer_threads=8) > one
+    assert checkpoint_bytes(arch, False, world_size=1, writer_threads=16) > one
+
+
+# --- the one line ---------------------------------------------------------------------------------------
+
+
+def cfg(keep_last: int, directory: str = "/x") -> CheckpointConfig:
+    return CheckpointConfig(dir=directory, keep_last=keep_last)
+
+
+def test_refusal_names_the_folder_the_sizes_the_free_space_and_the_fixes():
+    size = checkpoint_bytes(MODELS["llama2-7b"], False, world_size=8, writer_threads=8)
+    line = space_problem(cfg(1), size, False, Space(free=64 * GB))
+    assert line == (
+        "/x: 2 checkpoints of 80.9 GB each (keep_last 1, plus the one being written) need 161.8 GB, "
+        "165.0 GB with the 2% margin, 64.0 GB free; free space, use a larger volume or set "
+        "training.bf16_optimizer_state: true (a third smaller)"
+    )
+
+
+def test_fixes_offered_are_the_ones_that_would_help():
+    line = space_problem(cfg(3), 10 * GB, True, Space(free=GB))
+    assert line is not None
+    assert "4 checkpoints of 10.0 GB each (keep_last 3, plus the one being written) need 40.0 GB" in line
+    assert line.endswith("; free space, use a larger volume or lower checkpoint.keep_last (now 3)")
+    assert "bf16_optimizer_state" not in line
+
+
+def test_the_margin_is_needed_on_top_of_keep_last_plus_one_checkpoints():
+    size = 10 * GB
+    assert space_problem(cfg(2), size, False, Space(free=3 * size)) is not None
+    assert space_problem(cfg(2), size, False, Space(free=int(3 * size * (1 + MARGIN)))) is None
+
+
+def test_checkpoints_already_there_count_as_room_since_rotation_replaces_them():
+    size = 10 * GB
+    # keep_last 1 resumed beside its checkpoint: 1.5 checkpoints free are enough with the kept one.
+    assert space_problem(cfg(1), size, False, Space(free=15 * GB, complete=(size,))) is None
+    # So are ones beyond keep_last and a partial one: removed before the next save writes.
+    assert space_problem(cfg(1), size, False, Space(free=5 * GB, complete=(size, size), partial=6 * GB)) is None
+    line = space_problem(cfg(1), size, False, Space(free=5 * GB, complete=(size,), partial=GB))
+    assert line is not None and "5.0 GB free and 11.0 GB in the checkpoints there that rotation replaces" in line
+
+
+def test_larger_checkpoints_kept_there_make_the_first_save_the_peak():
+    # Saved with fp32 moments (12 GB), resumed with bf16 ones (8 GB), keep_last 2: the first save
+    # writes beside both old ones.
+    old, new = 12 * GB, 8 * GB
+    line = space_problem(cfg(2), new, True, Space(free=8 * GB, complete=(old, old)))
+    assert line is not None
+    assert "the 2 checkpoints kept there (24.0 GB, keep_last 2) and the one being written (8.0 GB) need 32.0 GB" in line
+    # 9 GB free and the 24 GB they take: the 32 GB and the margin fit, though three new ones need only 24.
+    assert space_problem(cfg(2), new, True, Space(free=9 * GB, complete=(old, old))) is None
+
+
+# --- measuring a real directory ---------------------------------------------------------------------------
+
+
+def test_measure_counts_complete_and_partial_checkpoints_and_nothing_else(tmp_path):
+    def folder(name: str, complete: bool) -> Path:
+        path = tmp_path / name
+        path.mkdir()
+        (path / "__0_0.distcp").write_bytes(b"x" * 100_000)
+        if complete:
+            (path / "COMPLETE").write_text("{}")
+        return path
+
+    folder("step-00000002", True)
+    folder("step-00000004", True)
+    folder("step-00000006", False)  # no COMPLETE: never loaded, never removed by rotation
+    folder(".tmp-step-00000008", False)
+    folder(".corrupt-step-00000001", True)  # set aside by resume, kept
+    space = measure(str(tmp_path))
+    assert len(space.complete) == 2
+    assert all(100_000 <= size < 120_000 for size in space.complete)
+    assert 100_000 <= space.partial < 110_000
+    assert space.free > 0
+
+
+def test_a_directory_not_made_yet_is_measured_on_its_nearest_existing_folder(tmp_path):
+    space = measure(str(tmp_path / "a" / "b" / "ckpt"))
+    assert space.complete == () and space.partial == 0
+    assert abs(space.free - os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize) < 100 * 2**20
+
+
+def test_no_checkpoint_dir_is_not_checked():
+    # Checkpoints disabled: returns before any collective (no process group exists here).
+    check_checkpoint_space(CheckpointConfig(dir=""), TrainingConfig(), MODELS["tiny"], 2)
+
+
+# --- the real trainer on a small volume -------------------------------------------------------------------
+
+
+def launch_cmd(*overrides: str) -> list[str]:
+    cmd = torchrun_cmd(["checkpoint.export_dir=", "checkpoint.keep_last=1", *overrides])
+    cmd[cmd.index("torch.distributed.run")] = "trainer.launch"
+    return cmd
+
+
+def on_tmpfs(tmp_path: Path, size: int, runs: list[tuple[list[str], dict[str, str]]]) -> list[tuple[int, str]]:
+    """Run each command in turn with a tmpfs of `size` bytes at tmp_path/ckpt, in a private mount
+    namespace; copies the tmpfs's content to tmp_path/after and its free bytes after each run to
+    tmp_path/free-<i>. Returns (exit status, output) of each run."""
+    ckpt, after = tmp_path / "ckpt", tmp_path / "after"
+    ckpt.mkdir()
+    after.mkdir()
+    lines = [f"mount -t tmpfs -o size={size} fsdp-test-ckpt {ckpt} || exit 99"]
+    for i, (cmd, env) in enumerate(runs):
+        assigned = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+        lines += [
+            f"env {assigned} {shlex.join(cmd)} > {tmp_path}/log-{i} 2>&1; echo $? > {tmp_path}/rc-{i}",
+            f"df -B1 --output=avail {ckpt} | tail -1 > {tmp_path}/free-{i}",
+        ]
+    lines.append(f"cp -a {ckpt}/. {after}/")
+    proc = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", "\n".join(lines)],
+        cwd=REPO_ROOT,
+        env=trainer_env(),
+        start_new_session=True,
+    )
+    try:
+        proc.wait(timeout=LAUNCH_TIMEOUT_S * len(runs))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise AssertionError(f"the runs on the tmpfs did not finish in {LAUNCH_TIMEOUT_S * len(runs)}s") from None
+    assert proc.returncode == 0, f"the tmpfs could not be mounted (exit {proc.returncode}); these tests run as root"
+    return [(int((tmp_path / f"rc-{i}").read_text()), (tmp_path / f"log-{i}").read_text()) for i in range(len(runs))]
+
+
+def on_disk(path: Path) -> int:
+    return sum(f.lstat().st_blocks * 512 for f in path.iterdir())
+
+
+@pytest.mark.slow
+def test_a_volume_smaller_than_two_checkpoints_is_refused_at_start_in_one_line(tmp_path):
+    size = int(TINY_SIZE * 1.5)
+    overrides = [f"checkpoint.dir={tmp_path / 'ckpt' / 'run'}", f"metrics.output_dir={tmp_path / 'metrics'}"]
+    [(rc, log)] = on_tmpfs(tmp_path, size, [(launch_cmd(*overrides, "checkpoint.interval_steps=1"), {})])
+    assert rc == 2, log[-4000:]
+    errors = [line for line in log.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, log[-4000:]
+    assert errors[0].startswith(f"error: command line: checkpoint.dir: {tmp_path / 'ckpt' / 'run'}: 2 checkpoints of ")
+    assert "(keep_last 1, plus the one being written) need " in errors[0]
+    assert "free; free space, use a larger volume or set training.bf16_optimizer_state: true" in errors[0]
+    assert "Traceback" not in log
+    # Refused before the model was built on the device: no step, no metrics, nothing on the volume.
+    assert not [line for line in log.splitlines() if line.startswith(("model:", "step "))], log[-4000:]
+    assert not (tmp_path / "metrics" / "metrics.jsonl").exists()
+    assert list((tmp_path / "after").iterdir()) == []
+
+
+@pytest.mark.slow
+def test_keep_last_1_rotates_on_a_volume_that_holds_two_checkpoints_and_resumes_there(tmp_path):
+    size = int(TINY_SIZE * 2.5)
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    common = [f"checkpoint.dir={tmp_path / 'ckpt'}", f"metrics.output_dir={tmp_path / 'metrics'}"]
+    common.append("checkpoint.interval_steps=1")
+    (rc1, log1), (rc2, log2) = on_tmpfs(
+        tmp_path,
+        size,
+        [
+            (launch_cmd(*common, "training.max_steps=12"), {TEST_HOOK_ENV: str(hook)}),
+            (launch_cmd(*common, "training.max_steps=16"), {}),
+        ],
+    )
+    assert rc1 == 0, log1[-4000:]
+    # A checkpoint was written after every step, each beside the previous one, which went only then.
+    events = [json.loads(line) for line in (hook / "events-rank0.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in events if e["event"] == "complete"] == list(range(1, 13))
+    assert [e["path"] for e in events if e["event"] == "removed"] == [f"step-{s:08d}" for s in range(1, 12)]
+    assert "failed" not in log1 and "error:" not in log1
+
+    # The volume really holds two checkpoints and not three, and the estimate covers the real size.
+    real = on_disk(tmp_path / "after" / "step-00000016")
+    assert 2 * real <= size < 3 * real, (real, size)
+    assert real <= TINY_SIZE <= 1.1 * real, (real, TINY_SIZE)
+    # The resumed run found less free space than two checkpoints need: the one there counted as room.
+    free_after_first = int((tmp_path / "free-0").read_text())
+    assert free_after_first < 2 * TINY_SIZE
+    assert rc2 == 0, log2[-4000:]
+    assert f"resumed from {tmp_path / 'ckpt' / 'step-00000012'} at step 12" in log2
+    assert sorted(p.name for p in (tmp_path / "after").iterdir()) == ["step-00000016"]
+    assert verify(str(tmp_path / "after" / "step-00000016")) is None
