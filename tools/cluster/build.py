@@ -11,18 +11,25 @@ concurrent test sessions never see a half-written binary.
 
     python -m tools.cluster.build kube-apiserver kwok ...    # build (or find) these, print paths
     python -m tools.cluster.build --all
+
+A cold build takes minutes: while one runs, a line on stderr every PROGRESS_INTERVAL_S says so
+("build: kube-apiserver still building, 2m30s elapsed"); image.py's long steps report the same way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 
@@ -113,6 +120,46 @@ BINARIES = {
 }
 
 
+# How often a long step says it is still running: often enough that a cold build on 2 cores (tens of
+# minutes) never looks hung, rarely enough that a test log stays readable.
+PROGRESS_INTERVAL_S = 30.0
+
+
+def elapsed_text(seconds: float) -> str:
+    """45 -> '45s', 150 -> '2m30s'."""
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs}s" if minutes else f"{secs}s"
+
+
+@contextlib.contextmanager
+def progress(what: str, doing: str = "building", interval_s: float = PROGRESS_INTERVAL_S) -> Iterator[None]:
+    """While the block runs, every `interval_s` a line on stderr: '<what> still <doing>, 2m30s elapsed'
+    (nothing when it ends sooner; nothing after it has ended)."""
+    started = time.monotonic()
+    done = threading.Event()
+
+    def report() -> None:
+        while not done.wait(interval_s):
+            line = f"{what} still {doing}, {elapsed_text(time.monotonic() - started)} elapsed"
+            print(line, file=sys.stderr, flush=True)
+
+    reporter = threading.Thread(target=report, name=f"progress {what}", daemon=True)
+    reporter.start()
+    try:
+        yield
+    finally:
+        done.set()
+        reporter.join()
+
+
+def run_with_progress(
+    cmd: Sequence[str], what: str, *, doing: str = "building", interval_s: float = PROGRESS_INTERVAL_S, **kwargs: Any
+) -> subprocess.CompletedProcess:
+    """subprocess.run(cmd, **kwargs) under progress(what, doing, interval_s)."""
+    with progress(what, doing, interval_s):
+        return subprocess.run(cmd, **kwargs)
+
+
 class BuildError(RuntimeError):
     """A pinned binary could not be built."""
 
@@ -161,7 +208,7 @@ def binary(name: str) -> Path:
             env["CGO_ENABLED"] = "1" if b.cgo else "0"
         started = time.monotonic()
         print(f"building {b.name} from tools/cluster/{b.module} (cold: minutes)", file=sys.stderr, flush=True)
-        proc = subprocess.run(cmd, cwd=HERE / b.module, env=env, capture_output=True, text=True)
+        proc = run_with_progress(cmd, f"build: {b.name}", cwd=HERE / b.module, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             tmp.unlink(missing_ok=True)
             tail = "\n".join(proc.stderr.strip().splitlines()[-20:])

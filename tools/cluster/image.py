@@ -529,8 +529,14 @@ def fetch_debs(debs: list[Deb]) -> dict[str, Path]:
     todo = [d for d in debs if not paths[d.package].is_file()]
     if todo:
         with tempfile.TemporaryDirectory(dir=folder, prefix=".download-") as tmp:
-            proc = subprocess.run(
-                ["apt-get", "download", *(d.pin for d in todo)], cwd=tmp, capture_output=True, text=True, env=_apt_env()
+            proc = build.run_with_progress(
+                ["apt-get", "download", *(d.pin for d in todo)],
+                f"image: apt-get download of {len(todo)} packages",
+                doing="downloading",
+                cwd=tmp,
+                capture_output=True,
+                text=True,
+                env=_apt_env(),
             )
             if proc.returncode != 0:
                 raise ImageError(f"apt-get download failed: {proc.stderr.strip().splitlines()[-1:]}")
@@ -1045,7 +1051,8 @@ def _build(kind: str, key: str, specs: list[LayerSpec], config: dict[str, Any], 
         cached = _cached_layer(spec)
         sources.append(cached if cached is not None else spec.make)
     try:
-        with open(tmp, "wb") as out:
+        # The trainer image's layers take minutes to build and write on a cold machine.
+        with build.progress(f"image: {kind}"), open(tmp, "wb") as out:
             digest, placed = write_archive(out, name, sources, config)
         os.replace(tmp, archive)
     except OSError as e:
