@@ -33,7 +33,7 @@ if not __package__:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from generators.core import writer
-from generators.core.cli import errors_to_exit_codes, matrix_label, output_dir, sync, version_option
+from generators.core.cli import errors_to_exit_codes, matrix_label, output_dir, owner, sync, version_option
 from generators.matrix import Matrix, Run, expand, load
 from generators.plan import ClusterPlan, plan
 from generators.render import provisioning
@@ -69,7 +69,15 @@ def main(matrix: str, out: str | None, check: bool, karpenter: bool) -> None:
     files: dict[str, bytes] = writer.serialize(manifests, label, generator=GENERATOR)
 
     rerun = f"python {GENERATOR} {matrix}" + (f" --out {out}" if out else "") + (" --karpenter" if karpenter else "")
-    sync(out_dir, files, check=check, generator=GENERATOR, rerun=rerun, what=f"for {len(plans)} clusters")
+    sync(
+        out_dir,
+        files,
+        check=check,
+        generator=GENERATOR,
+        rerun=rerun,
+        what=f"for {len(plans)} clusters",
+        owner=owner("provisioning", matrix, REPO_ROOT),
+    )
 
 
 if __name__ == "__main__":

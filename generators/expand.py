@@ -33,7 +33,16 @@ if not __package__:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from generators.core import writer
-from generators.core.cli import Failure, errors_to_exit_codes, matrix_label, output_dir, sync, version_option
+from generators.core.cli import (
+    Failure,
+    Output,
+    errors_to_exit_codes,
+    matrix_label,
+    output_dir,
+    owner,
+    sync,
+    version_option,
+)
 from generators.core.errors import InputError
 from generators.matrix import Matrix, Run, expand, load
 from generators.plan import ClusterPlan, Plan, plan
@@ -144,19 +153,27 @@ def main(
     layout: Layout = layout_for(out_dir, REPO_ROOT)
     manifests: dict[str, Any] = render(plans, layout)
     files: dict[str, bytes] = writer.serialize(manifests, label)
-    more: list[tuple[Path, dict[str, bytes]]] = []
+    more: list[Output] = []
     if plan_out is not None or out is None:
-        plan_dir = output_dir(plan_out, DEFAULT_PLAN_OUT, REPO_ROOT)
-        more.append(
-            (plan_dir, writer.serialize_markdown({PLAN_DOCUMENT: plan_document(matrix, label, m, runs)}, label))
-        )
+        plan_dir = output_dir(plan_out, DEFAULT_PLAN_OUT, REPO_ROOT, "--plan-out")
+        document = writer.serialize_markdown({PLAN_DOCUMENT: plan_document(matrix, label, m, runs)}, label)
+        more.append(Output(plan_dir, document, "--plan-out", owner("plan document", matrix, REPO_ROOT)))
 
     rerun = (
         f"python {GENERATOR} {matrix}"
         + (f" --out {out}" if out else "")
         + (f" --plan-out {plan_out}" if plan_out else "")
     )
-    sync(out_dir, files, check=check, generator=GENERATOR, rerun=rerun, what=f"for {len(runs)} runs", more=more)
+    sync(
+        out_dir,
+        files,
+        check=check,
+        generator=GENERATOR,
+        rerun=rerun,
+        what=f"for {len(runs)} runs",
+        owner=owner("overlays", matrix, REPO_ROOT),
+        more=more,
+    )
 
 
 def plan_document(matrix_file: str, label: str, m: Matrix, runs: list[Run]) -> str:

@@ -9,8 +9,10 @@ standalone mode does the exiting, so no module calls sys.exit.
 from __future__ import annotations
 
 import functools
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -89,11 +91,47 @@ def display(path: Path) -> str:
         return str(path)
 
 
-def output_dir(out: str | None, default: Path, repo_root: Path) -> Path:
-    """The --out directory; a file, or a directory that holds the repository, is bad input."""
+def output_dir(out: str | None, default: Path, repo_root: Path, option: str = "--out") -> Path:
+    """The `option` directory (--out, --plan-out); a file, a path below one, or a directory that holds
+    the repository, is bad input."""
     out_dir = Path(out) if out is not None else default
-    outdir.check_target(out_dir, repo_root, out if out is not None else display(out_dir))
+    outdir.check_target(out_dir, repo_root, out if out is not None else display(out_dir), option)
     return out_dir
+
+
+def owner(output: str, matrix: str, repo_root: Path) -> outdir.Owner:
+    """Who writes an output: `output` (what the folder holds, e.g. "overlays") from the matrix file
+    `matrix`, named relative to the repository when inside it, else by its absolute path."""
+    full = Path(matrix).resolve()
+    try:
+        record = full.relative_to(repo_root.resolve()).as_posix()
+    except ValueError:
+        record = str(full)
+    return outdir.Owner(output=output, matrix=record, label=matrix_label(matrix, repo_root))
+
+
+@dataclass(frozen=True)
+class Output:
+    """One output directory of a command, with its files."""
+
+    directory: Path
+    files: Mapping[str, bytes]
+    option: str = "--out"  # the option that names the directory (for messages)
+    owner: outdir.Owner | None = None  # the header of its record (None: a record without one)
+
+
+def _refuse_overlapping(targets: Sequence[Output]) -> None:
+    """Two outputs of one command in the same folder, or one inside the other, would delete each other's files."""
+    for i, a in enumerate(targets):
+        for b in targets[i + 1 :]:
+            ra, rb = Path(os.path.realpath(a.directory)), Path(os.path.realpath(b.directory))
+            if ra == rb or ra in rb.parents or rb in ra.parents:
+                how = "are the same folder" if ra == rb else "are one inside the other"
+                raise InputError(
+                    f"{a.option} {display(a.directory)} and {b.option} {display(b.directory)} {how}",
+                    key=f"{a.option} and {b.option}",
+                    fix=f"give {a.option} and {b.option} two separate folders, neither inside the other",
+                )
 
 
 def sync(
@@ -104,23 +142,38 @@ def sync(
     generator: str,
     rerun: str,
     what: str,
-    more: Sequence[tuple[Path, Mapping[str, bytes]]] = (),
+    owner: outdir.Owner | None = None,
+    more: Sequence[Output] = (),
 ) -> None:
     """Compare (--check: Failure naming each file that would change) or write the generated files.
 
-    `what` says what the files are for, e.g. "for 30 runs"; `rerun` is the command that regenerates.
-    `more` are further output directories of the same command with their files (expand.py's plan
-    document beside overlays/, each checked with output_dir first): compared together with out_dir;
-    written after it, each directory all or nothing, once every one has been found to be the
-    generator's own (so bad input changes nothing).
+    `what` says what the files are for, e.g. "for 30 runs"; `rerun` is the command that regenerates;
+    `owner` goes into the record of out_dir (what it holds, from which matrix; cli.owner).
+    `more` are further output directories of the same command (expand.py's plan document beside
+    overlays/, each checked with output_dir first): compared together with out_dir; written after
+    it, each directory all or nothing, once every one has been found to be the generator's own and
+    none lies in another (so bad input changes nothing).
     """
     banner = writer.banner_prefix(generator).encode("ascii")
-    targets = [(out_dir, files), *more]
+    targets = [Output(out_dir, files, "--out", owner), *more]
+    _refuse_overlapping(targets)
+
+    def compare(t: Output) -> outdir.Changes:
+        return outdir.compare(
+            t.directory,
+            t.files,
+            generator=generator,
+            banner=banner,
+            label=display(t.directory),
+            owner=t.owner,
+            option=t.option,
+        )
+
     if check:
         differing = 0
-        for directory, expected in targets:
-            shown = display(directory)
-            changes = outdir.compare(directory, expected, generator=generator, banner=banner, label=shown)
+        for t in targets:
+            shown = display(t.directory)
+            changes = compare(t)
             for rel in changes.created:
                 click.echo(f"missing: {shown}/{rel}")
             for rel in changes.updated:
@@ -130,18 +183,20 @@ def sync(
             differing += len(changes.all())
         if differing:
             raise Failure(f"{differing} generated files are out of date; run: {rerun}")
-        click.echo(f"{sum(len(f) for _, f in targets)} generated files {what} are up to date", err=True)
+        click.echo(f"{sum(len(t.files) for t in targets)} generated files {what} are up to date", err=True)
         return
-    for directory, expected in more:  # out_dir's own write checks it before changing anything
-        outdir.compare(directory, expected, generator=generator, banner=banner, label=display(directory))
-    for directory, expected in targets:
-        shown = display(directory)
+    for t in targets:  # every output refused or accepted before the first is written
+        compare(t)
+    for t in targets:
+        shown = display(t.directory)
         try:
-            changes = outdir.write(directory, expected, generator=generator, banner=banner, label=shown)
+            changes = outdir.write(
+                t.directory, t.files, generator=generator, banner=banner, label=shown, owner=t.owner, option=t.option
+            )
         except OSError as err:
             raise Failure(f"error: writing {shown}: {err}") from None
         click.echo(
-            f"{len(expected)} files {what} under {shown}: {len(changes.created)} created, "
+            f"{len(t.files)} files {what} under {shown}: {len(changes.created)} created, "
             f"{len(changes.updated)} updated, {len(changes.deleted)} stale deleted",
             err=True,
         )

@@ -1,13 +1,30 @@
 """The output directory of a generator: what it owns there, and an all-or-nothing way to change it.
 
-Ownership. A generator owns exactly the files it recorded in its manifest, `<out>/.fsdp-gitops-<name>.files`
-(one relative path a line), written with every output. It deletes only owned files that the new output
-no longer has; other files under the output (hand-made notes, another generator's output) are carried
-over untouched. A directory without the manifest is accepted only when it is empty or every file in
-it is generated (carries a generator banner, in a Markdown file as an HTML comment, or is listed in
-another generator's manifest); then the files with this generator's banner are its own (how an
-output written before manifests existed is adopted). Anything else, an ancestor of the repository,
-or a path that is not a directory, is refused before anything is written.
+Ownership. A generator owns exactly the files it recorded in its record, `<out>/.fsdp-gitops-<name>.files`,
+written with every output: a comment line, the header lines `# output: <what the folder holds>` (e.g.
+`overlays`, `plan document`, `provisioning`) and `# matrix: <the matrix>` (its path relative to the
+repository when inside it, else absolute; JSON-quoted when it holds characters other than those of
+ordinary paths), then one relative path a line. It deletes only owned files that the new output no
+longer has; other files under the output (hand-made notes, another generator's output) are carried
+over untouched. A directory without the record is accepted only when it is empty or every file in it
+is generated (carries a generator banner, in a Markdown file as an HTML comment, or is listed in
+another generator's record); then the files with this generator's banner naming this matrix are its
+own (how an output written before records existed is adopted).
+
+Refused before anything is written, each as bad input (exit 2, one line, the fix), by `check_target`
+and again under the lock by `write` (and by `compare`, so --check says the same):
+- a path that is a file, or lies below one; an ancestor of the repository;
+- a folder whose record says another output or another matrix (the same generator's overlays of
+  another matrix, or its plan document where overlays would go);
+- a folder inside another output's tree: an ancestor's record lists files below it (overlays/runs/<c>
+  inside overlays/; overlays/provisioning/ is fine, overlays/ lists nothing below it);
+- a folder holding another output's tree that the new files would go into, or a file another record
+  lists, or a file no generator wrote, that the new files would overwrite.
+A record without the header lines (written before records had them) is this output's when every
+file it lists that carries this generator's banner names this matrix there, and it shares a file
+with the new output (the repository's own overlays/ and docs/generated/ name matrix.yaml), so a
+plan document's old record is never taken for an overlays one. Callers that pass no `Owner` (tests,
+the report) write and read records without header lines and skip those two identity checks.
 
 All or nothing. `write` builds the complete new tree beside the output (`.<out>.writing-<pid>`:
 unchanged and foreign files hard-linked, new files written, the file system synced), then exchanges
@@ -16,6 +33,15 @@ A SIGKILL, a full disk or an I/O error at any moment leaves the output exactly a
 the new output says; what a killed write left beside it is removed by the next one. Two writers of the
 same output take turns (an exclusive lock: in the git directory when the output is in a work tree, so
 nested outputs such as overlays/ and overlays/provisioning/ take turns too, else beside the output).
+
+A mount point as the output (a container's volume, a tmpfs) cannot be renamed, and a tree built
+beside it is on another file system. There the new tree is built inside it, in a hidden folder
+`.fsdp-gitops.writing-<pid>` (hard links work within the mount), and each top-level entry is
+exchanged with its new version, one atomic rename each, the record last. Before the first exchange
+the record is replaced by one listing the old and the new files, so a write killed between two
+exchanges leaves a mix of old and new entries that the next write owns completely and repairs; the
+hidden folder it left is removed then. So at a mount point each top-level entry is old or new, and
+the whole is exactly old or new again after the next successful write.
 """
 
 from __future__ import annotations
@@ -23,11 +49,14 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import functools
+import json
 import os
 import posixpath
+import re
 import shutil
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +69,11 @@ GENERATED_BANNER = b"# Generated by generators/"
 LOCK_SUFFIX = ".fsdp-gitops.lock"
 _WRITING = ".writing-"
 _REPLACED = ".replaced-"
+# The hidden folder inside a mount point where its new tree is built (never part of the output).
+_INSIDE_WRITING = ".fsdp-gitops.writing-"
+# A record's header value is written as is only when it holds the characters of ordinary paths
+# (spaces between words); else JSON-quoted, so no name can add a line or a header of its own.
+_PLAIN_VALUE = re.compile(r"[A-Za-z0-9._+@=,/-]+(?: [A-Za-z0-9._+@=,/-]+)*")
 
 
 @dataclass
@@ -54,17 +88,46 @@ class Changes:
         return sorted(self.created + self.updated + self.deleted)
 
 
+@dataclass(frozen=True)
+class Owner:
+    """Who writes an output folder: its record's header lines, and how its files' banners name the matrix."""
+
+    output: str  # what the folder holds: "overlays", "plan document", "provisioning"
+    matrix: str  # the matrix: relative to the repository when inside it, else absolute
+    label: str  # the matrix as the banners name it (to adopt a record written without header lines)
+
+
+@dataclass(frozen=True)
+class _Record:
+    path: Path
+    generator: str  # "expand" for .fsdp-gitops-expand.files
+    header: dict[str, str]
+    files: set[str]
+
+    def says(self) -> str:
+        """`the overlays of matrix.yaml`, as far as the header tells."""
+        what = self.header.get("output", f"output of generators/{self.generator}.py")
+        return f"the {what} of {self.header['matrix']}" if "matrix" in self.header else f"the {what}"
+
+
 def manifest_name(generator: str) -> str:
     """generators/expand.py -> .fsdp-gitops-expand.files"""
     return MANIFEST_PREFIX + posixpath.splitext(posixpath.basename(generator))[0] + MANIFEST_SUFFIX
 
 
+def _is_record(name: str) -> bool:
+    return name.startswith(MANIFEST_PREFIX) and name.endswith(MANIFEST_SUFFIX)
+
+
 def _scan(out_dir: Path) -> dict[str, Path]:
-    """Every regular file under out_dir (no symlinks followed), by posix relative path."""
+    """Every regular file under out_dir (no symlinks followed), by posix relative path; the hidden
+    folder of a write in progress at a mount point is not part of the output."""
     found: dict[str, Path] = {}
     if not out_dir.is_dir():
         return found
     for root, dirs, names in os.walk(out_dir):
+        if root == str(out_dir):
+            dirs[:] = [d for d in dirs if not d.startswith(_INSIDE_WRITING)]
         dirs.sort()
         rel_root = os.path.relpath(root, out_dir)
         for name in names:
@@ -75,75 +138,236 @@ def _scan(out_dir: Path) -> dict[str, Path]:
     return found
 
 
-def _starts_with(path: Path, prefix: bytes) -> bool:
+def _first_line(path: Path) -> bytes:
     with open(path, "rb") as fh:
-        return fh.read(len(prefix)) == prefix
+        return fh.readline(4096)
 
 
 def _has_banner(path: Path, banner: bytes) -> bool:
     """The file starts with `banner` ("# Generated by ..."), or, a generated Markdown file, with the
     same words in an HTML comment ("<!-- Generated by ...")."""
-    return _starts_with(path, banner) or _starts_with(path, b"<!-- " + banner.removeprefix(b"# "))
+    line = _first_line(path)
+    return line.startswith(banner) or line.startswith(b"<!-- " + banner.removeprefix(b"# "))
 
 
-def _read_manifest(path: Path) -> set[str]:
-    owned = set()
+def _banner_matrix(path: Path, banner: bytes) -> str | None:
+    """The matrix a file's `banner` names (`... from matrix.yaml. Do not edit`), None without it."""
+    line = _first_line(path)
+    for head in (banner, b"<!-- " + banner.removeprefix(b"# ")):
+        if line.startswith(head + b" from "):
+            found = re.match(rb"(\S+)\. Do not edit", line[len(head) + 6 :])
+            return found.group(1).decode("ascii", "replace") if found else None
+    return None
+
+
+def _read_record(path: Path) -> _Record:
+    header: dict[str, str] = {}
+    files = set()
     for line in path.read_text(encoding="ascii", errors="replace").splitlines():
         rel = line.strip()
+        if rel.startswith("#"):
+            key, sep, value = rel[1:].strip().partition(": ")
+            if sep and key in ("output", "matrix"):
+                if value.startswith('"'):
+                    try:
+                        value = str(json.loads(value))
+                    except ValueError:
+                        pass
+                header[key] = value
+            continue
         # Only normalised relative paths count: a hand-edited "../x" never makes a file outside owned.
-        if rel and not rel.startswith("#") and rel == posixpath.normpath(rel) and not rel.startswith(("../", "/")):
-            owned.add(rel)
+        if rel and rel == posixpath.normpath(rel) and not rel.startswith(("../", "/")):
+            files.add(rel)
+    generator = path.name.removeprefix(MANIFEST_PREFIX).removesuffix(MANIFEST_SUFFIX)
+    return _Record(path=path, generator=generator, header=header, files=files)
+
+
+def _records_in(folder: Path) -> list[_Record]:
+    """The records at the top of `folder` (any generator's); none when it cannot be read."""
+    try:
+        names = sorted(e.name for e in os.scandir(folder) if _is_record(e.name) and e.is_file(follow_symlinks=False))
+    except OSError:
+        return []
+    records = []
+    for name in names:
+        try:
+            records.append(_read_record(folder / name))
+        except OSError:
+            continue
+    return records
+
+
+def _show(base: str, rel: str) -> str:
+    return rel if base in ("", ".") else f"{base.rstrip('/')}/{rel}"
+
+
+def _refuse_non_folder(out_dir: Path, key: str) -> None:
+    """A path that is a file, or lies below one, is no folder to write."""
+    full = Path(os.path.abspath(out_dir))
+    for p in (full, *full.parents):
+        if not os.path.lexists(p):
+            continue
+        if not p.is_dir():
+            where = "is a file, not a directory" if p == full else f"lies below {p}, which is a file, not a directory"
+            raise InputError(where, key=key, fix="choose a folder: pass a directory that is not a file nor below one")
+        return
+
+
+def _refuse_inside_another(out_dir: Path, key: str) -> None:
+    """Refuse a folder below another output whose record lists files under it (they are that output's)."""
+    for ancestor in out_dir.parents:
+        rel = out_dir.relative_to(ancestor).as_posix()
+        for record in _records_in(ancestor):
+            inside = sorted(f for f in record.files if f.startswith(rel + "/"))
+            if inside:
+                raise InputError(
+                    f"is inside {record.says()} in {ancestor} ({record.path.name} lists {ancestor / inside[0]})",
+                    key=key,
+                    fix=f"choose a folder outside {ancestor}, or write {ancestor} itself",
+                )
+
+
+def _check_identity(
+    record: _Record, owner: Owner, existing: Mapping[str, Path], expected: Mapping[str, bytes], banner: bytes, key: str
+) -> None:
+    """Refuse a record of this generator that says another output or another matrix."""
+    fix = f"pass {key.split()[0]} another folder (a new one, or this output's own), or remove the folder"
+    header = record.header
+    if header:
+        if header.get("output") != owner.output or header.get("matrix") != owner.matrix:
+            raise InputError(
+                f"holds {record.says()} ({record.path.name}), not the {owner.output} of {owner.matrix}",
+                key=key,
+                fix=fix,
+            )
+        return
+    # A record without header lines: whose it is follows from its files' banners.
+    for rel in sorted(record.files & set(existing)):
+        named = _banner_matrix(existing[rel], banner)
+        if named is not None and named != owner.label:
+            raise InputError(
+                f"holds the output of {named} ({record.path.name}; {rel}), not that of {owner.matrix}", key=key, fix=fix
+            )
+    if record.files and not (record.files & set(expected)):
+        raise InputError(
+            f"holds another output of this generator ({record.path.name} lists {sorted(record.files)[0]}), "
+            f"not the {owner.output}",
+            key=key,
+            fix=fix,
+        )
+
+
+def owned_files(
+    out_dir: Path,
+    generator: str,
+    banner: bytes,
+    label: str,
+    *,
+    expected: Mapping[str, bytes] | None = None,
+    owner: Owner | None = None,
+    option: str = "--out",
+) -> set[str]:
+    """The files under out_dir that `generator` owns (see the module docstring); InputError when the
+    directory holds content it cannot account for, or when writing `expected` there would change
+    files of another output."""
+    key = f"{option} {label}"
+    out_dir = Path(os.path.realpath(out_dir))
+    expected = expected or {}
+    _refuse_non_folder(out_dir, key)
+    _refuse_inside_another(out_dir, key)
+    existing = _scan(out_dir)
+    own_manifest = manifest_name(generator)
+    manifests = {rel for rel in existing if _is_record(posixpath.basename(rel))}
+    others = [_read_record(existing[m]) for m in sorted(manifests) if m != own_manifest]
+    listed: dict[str, _Record] = {}
+    for record in others:
+        base = posixpath.dirname(posixpath.relpath(record.path.as_posix(), out_dir.as_posix()))
+        for r in record.files:
+            listed[posixpath.normpath(posixpath.join(base, r))] = record
+    # The new files must stay out of every other output's files and nested trees.
+    nested = {
+        posixpath.dirname(m): record
+        for m, record in zip(sorted(m for m in manifests if m != own_manifest), others, strict=True)
+        if "/" in m
+    }
+    for rel in sorted(expected):
+        if rel in listed:
+            raise InputError(
+                f"would overwrite {rel}, a file of {listed[rel].says()} ({listed[rel].path.name})",
+                key=key,
+                fix=f"pass {option} another folder, or remove that output first",
+            )
+        for sub, record in nested.items():
+            if rel.startswith(sub + "/"):
+                raise InputError(
+                    f"would write {rel} into {record.says()} at {_show(label, sub)}",
+                    key=key,
+                    fix=f"pass {option} another folder, or remove {_show(label, sub)} first",
+                )
+    if own_manifest in existing:
+        record = _read_record(existing[own_manifest])
+        if owner is not None:
+            _check_identity(record, owner, existing, expected, banner, key)
+        owned = record.files & set(existing)
+    else:
+        for rel, path in existing.items():
+            if rel in manifests or rel in listed or rel.endswith(LOCK_SUFFIX):
+                continue  # a record or the lock of a generator's output nested in this one
+            if not _has_banner(path, GENERATED_BANNER):
+                raise InputError(
+                    f"holds {rel}, which no generator wrote",
+                    key=key,
+                    fix="pass an empty or new directory, or the generator's own output directory",
+                )
+            named = _banner_matrix(path, banner)
+            if owner is not None and named is not None and named != owner.label:
+                raise InputError(
+                    f"holds {rel}, generated from {named}, not from {owner.label}",
+                    key=key,
+                    fix=f"pass {option} another folder (a new one, or this output's own), or remove the folder",
+                )
+        # Files another output's record lists belong to that output, even when this generator wrote them.
+        owned = {rel for rel, path in existing.items() if rel not in listed and _has_banner(path, banner)}
+    for rel in sorted(set(expected) & set(existing) - owned - {own_manifest}):
+        if not _has_banner(existing[rel], GENERATED_BANNER):
+            raise InputError(
+                f"holds {rel}, which no generator wrote and the new output would overwrite",
+                key=key,
+                fix=f"move the file away, or pass {option} another folder",
+            )
     return owned
 
 
-def owned_files(out_dir: Path, generator: str, banner: bytes, label: str) -> set[str]:
-    """The files under out_dir that `generator` owns (see the module docstring); InputError when the
-    directory holds content it cannot account for."""
-    existing = _scan(out_dir)
-    own_manifest = manifest_name(generator)
-    if own_manifest in existing:
-        return _read_manifest(existing[own_manifest]) & set(existing)
-    manifests = {
-        rel for rel in existing if posixpath.basename(rel).startswith(MANIFEST_PREFIX) and rel.endswith(MANIFEST_SUFFIX)
-    }
-    listed = {
-        posixpath.normpath(posixpath.join(posixpath.dirname(m), r))
-        for m in manifests
-        for r in _read_manifest(existing[m])
-    }
-    for rel, path in existing.items():
-        if rel in manifests or rel in listed or rel.endswith(LOCK_SUFFIX):
-            continue  # a record or the lock of a generator's output nested in this one
-        if not _has_banner(path, GENERATED_BANNER):
-            raise InputError(
-                f"holds {rel}, which no generator wrote",
-                key=f"--out {label}",
-                fix="pass an empty or new directory, or the generator's own output directory",
-            )
-    # Files another output's manifest lists belong to that output, even when this generator wrote them.
-    return {rel for rel, path in existing.items() if rel not in listed and _has_banner(path, banner)}
-
-
-def check_target(out_dir: Path, repo_root: Path, label: str) -> None:
-    """Refuse an output that is a file or holds the repository (before anything is written)."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise InputError(
-            "is a file, not a directory", key=f"--out {label}", fix="pass a directory (or leave --out out)"
-        )
+def check_target(out_dir: Path, repo_root: Path, label: str, option: str = "--out") -> None:
+    """Refuse an output that is a file, lies below one, or holds the repository (before anything is written)."""
+    key = f"{option} {label}"
+    _refuse_non_folder(out_dir, key)
     resolved, root = out_dir.resolve(), repo_root.resolve()
     if root == resolved or root.is_relative_to(resolved):
         raise InputError(
             f"holds the repository {root}; writing there could delete files of the checkout",
-            key=f"--out {label}",
+            key=key,
             fix="pass a directory inside the repository (such as overlays/) or outside it",
         )
 
 
-def compare(out_dir: Path, expected: Mapping[str, bytes], *, generator: str, banner: bytes, label: str = "") -> Changes:
-    """What `write` would change among the generated files (the manifest aside)."""
+def compare(
+    out_dir: Path,
+    expected: Mapping[str, bytes],
+    *,
+    generator: str,
+    banner: bytes,
+    label: str = "",
+    owner: Owner | None = None,
+    option: str = "--out",
+) -> Changes:
+    """What `write` would change among the generated files (the record aside); InputError where
+    `write` would refuse."""
     changes = Changes()
-    existing = _scan(out_dir)
-    owned = owned_files(out_dir, generator, banner, label or str(out_dir))
+    existing = _scan(Path(os.path.realpath(out_dir)))
+    owned = owned_files(
+        out_dir, generator, banner, label or str(out_dir), expected=expected, owner=owner, option=option
+    )
     for rel, data in expected.items():
         path = existing.get(rel)
         if path is None:
@@ -156,8 +380,15 @@ def compare(out_dir: Path, expected: Mapping[str, bytes], *, generator: str, ban
     return changes
 
 
-def _manifest_bytes(generator: str, files: Mapping[str, bytes]) -> bytes:
-    lines = [f"# Files {generator} wrote here: the only ones it ever deletes. Do not edit."] + sorted(files)
+def _header_value(value: str) -> str:
+    return value if _PLAIN_VALUE.fullmatch(value) else json.dumps(value, ensure_ascii=True)
+
+
+def _manifest_bytes(generator: str, files: Iterable[str], owner: Owner | None) -> bytes:
+    lines = [f"# Files {generator} wrote here: the only ones it ever deletes. Do not edit."]
+    if owner is not None:
+        lines += [f"# output: {_header_value(owner.output)}", f"# matrix: {_header_value(owner.matrix)}"]
+    lines += sorted(files)
     return ("\n".join(lines) + "\n").encode("ascii")
 
 
@@ -213,11 +444,33 @@ def _sync(path: Path) -> None:
 
 
 def _remove_leftovers(parent: Path, name: str) -> None:
-    """Trees a killed write left beside the output."""
-    for prefix in (f".{name}{_WRITING}", f".{name}{_REPLACED}"):
-        for stale in parent.glob(prefix + "*"):
-            if stale.is_dir() and not stale.is_symlink():
-                shutil.rmtree(stale, ignore_errors=True)
+    """Trees a killed write left beside the output (or, at a mount point, inside it)."""
+    stale_trees = [*parent.glob(f".{name}{_WRITING}*"), *parent.glob(f".{name}{_REPLACED}*")]
+    inside = parent / name
+    if inside.is_dir():
+        stale_trees += inside.glob(_INSIDE_WRITING + "*")
+    for stale in stale_trees:
+        if stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def _unescape_mountinfo(field: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def _is_mount_point(path: Path) -> bool:
+    """A mount point, bind mounts of a folder of the same file system included (os.path.ismount sees
+    only a change of device)."""
+    if os.path.ismount(path):
+        return True
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as fh:
+            return any(
+                len(fields) > 4 and _unescape_mountinfo(fields[4]) == str(path)
+                for fields in (line.split(" ") for line in fh)
+            )
+    except OSError:
+        return False
 
 
 def _build(tmp: Path, out_dir: Path, files: Mapping[str, bytes], drop: set[str]) -> None:
@@ -225,6 +478,8 @@ def _build(tmp: Path, out_dir: Path, files: Mapping[str, bytes], drop: set[str])
     had_content: set[str] = set()
     if out_dir.is_dir():
         for root, dirs, names in os.walk(out_dir):
+            if root == str(out_dir):
+                dirs[:] = [d for d in dirs if not d.startswith(_INSIDE_WRITING)]
             rel_root = os.path.relpath(root, out_dir)
             target_root = tmp if rel_root == "." else tmp / rel_root
             for d in dirs:
@@ -259,26 +514,86 @@ def _build(tmp: Path, out_dir: Path, files: Mapping[str, bytes], drop: set[str])
             emptied.rmdir()
 
 
-def write(out_dir: Path, expected: Mapping[str, bytes], *, generator: str, banner: bytes, label: str = "") -> Changes:
-    """Make out_dir hold `expected` (and the manifest) in one atomic step; returns what changed."""
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    sa, sb = os.lstat(a), os.lstat(b)
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+def _swap_entries(tmp: Path, out_dir: Path, manifest: str, transition: bytes) -> None:
+    """At a mount point: make out_dir's entries those of tmp (built inside it), one atomic rename each,
+    the record last; until then the record lists the old and the new files (the module docstring)."""
+    staged = tmp / (_INSIDE_WRITING + "record")
+    staged.write_bytes(transition)
+    os.replace(staged, out_dir / manifest)
+    _fsync_dir(out_dir)
+    trash = tmp / (_INSIDE_WRITING + "old")  # where old entries go when no exchange is possible
+    names = {*os.listdir(tmp), *os.listdir(out_dir)} - {tmp.name, manifest}
+    for n in sorted(n for n in names if not n.startswith(_INSIDE_WRITING)):
+        new, old = tmp / n, out_dir / n
+        if not os.path.lexists(old):
+            os.rename(new, old)
+        elif not os.path.lexists(new):
+            os.rename(old, new)  # gone from the new tree: into tmp, removed with it
+        elif _same_file(new, old):
+            continue  # an unchanged file (hard link) or a foreign one carried over
+        elif not _exchange(new, old):
+            trash.mkdir(exist_ok=True)
+            os.rename(old, trash / n)
+            os.rename(new, old)
+    os.replace(tmp / manifest, out_dir / manifest)
+    _fsync_dir(out_dir)
+
+
+def write(
+    out_dir: Path,
+    expected: Mapping[str, bytes],
+    *,
+    generator: str,
+    banner: bytes,
+    label: str = "",
+    owner: Owner | None = None,
+    option: str = "--out",
+) -> Changes:
+    """Make out_dir hold `expected` (and the record) in one atomic step; returns what changed.
+    InputError, before anything is written, where the module docstring says the write is refused."""
     label = label or str(out_dir)
+    check = functools.partial(
+        compare, expected=expected, generator=generator, banner=banner, label=label, owner=owner, option=option
+    )
+    check(out_dir)  # refuse before creating the parent folders or the lock
     out_dir = Path(os.path.realpath(out_dir))
     parent, name = out_dir.parent, out_dir.name
     parent.mkdir(parents=True, exist_ok=True)
     with _locked(out_dir, label):
         _remove_leftovers(parent, name)
-        changes = compare(out_dir, expected, generator=generator, banner=banner, label=label)
+        changes = check(out_dir)  # again: another writer may have gone first
         manifest = manifest_name(generator)
-        files = {**expected, manifest: _manifest_bytes(generator, expected)}
+        files = {**expected, manifest: _manifest_bytes(generator, expected, owner)}
         current = out_dir / manifest
         if not changes.all() and current.is_file() and current.read_bytes() == files[manifest]:
             return changes
-        tmp = parent / f".{name}{_WRITING}{os.getpid()}"
+        mount_point = out_dir.is_dir() and _is_mount_point(out_dir)
+        if mount_point:
+            tmp = out_dir / f"{_INSIDE_WRITING}{os.getpid()}"
+        else:
+            tmp = parent / f".{name}{_WRITING}{os.getpid()}"
         try:
             tmp.mkdir(mode=(out_dir.stat().st_mode & 0o7777) if out_dir.is_dir() else 0o755)
             _build(tmp, out_dir, files, set(changes.deleted) | {manifest})
             _sync(tmp)
-            if not out_dir.exists():
+            if mount_point:
+                # Until the last swap the record owns the files going as well as the new ones.
+                transition = _manifest_bytes(generator, set(expected) | set(changes.deleted), owner)
+                _swap_entries(tmp, out_dir, manifest, transition)
+            elif not out_dir.exists():
                 os.rename(tmp, out_dir)
             elif _exchange(tmp, out_dir):
                 pass  # tmp now holds the old tree
@@ -288,11 +603,8 @@ def write(out_dir: Path, expected: Mapping[str, bytes], *, generator: str, banne
                 os.rename(out_dir, old)
                 os.rename(tmp, out_dir)
                 tmp = old
-            fd = os.open(parent, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            if not mount_point:
+                _fsync_dir(parent)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,296 @@
+"""Every write path of the generators refuses an output folder whose write would delete or overwrite
+files the same command does not own, as the user meets it: the commands of a copy of the repository
+(its own overlays/ and docs/generated/ committed), run as `python generators/<command>.py`. Each
+refusal is exit 2, one line naming the folder and the fix, and every file of the copy and of the
+folders named is byte for byte what it was."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+from matrix_support import HEADER
+from support import REPO_ROOT
+
+OTHER_MATRIX = (
+    HEADER
+    + """\
+defaults:
+  cluster: fsdp-p5
+  model: tiny
+  nodes: 1
+  trainer:
+    data: {path: /shared/data/samsum/train.jsonl}
+axes:
+  rev: [0, 1]
+"""
+)
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A copy of the repository's generators and committed generated files, with a second matrix."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    ignore = shutil.ignore_patterns("__pycache__")
+    for code in ("generators", "trainer"):
+        shutil.copytree(REPO_ROOT / code, root / code, ignore=ignore)
+    shutil.copytree(REPO_ROOT / "overlays", root / "overlays")
+    shutil.copytree(REPO_ROOT / "docs" / "generated", root / "docs" / "generated")
+    for name in ("pyproject.toml", "matrix.yaml"):
+        shutil.copy2(REPO_ROOT / name, root / name)
+    (root / "other-matrix.yaml").write_text(OTHER_MATRIX)
+    return root
+
+
+def snapshot(*roots: Path) -> dict[str, str]:
+    """Every path under the roots with a hash of each file's bytes (folders as "dir")."""
+    seen: dict[str, str] = {}
+    for root in roots:
+        if not root.exists():
+            continue
+        for p in sorted(root.rglob("*")):
+            key = p.as_posix()
+            seen[key] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+    return seen
+
+
+def run(repo: Path, command: str, *args: object) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(repo / "generators" / f"{command}.py"), *map(str, args)],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def assert_refused(result: subprocess.CompletedProcess, *fragments: str) -> str:
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and "; fix: " in lines[0], lines[0]
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]
+
+
+def test_the_repository_matrix_rewrites_its_own_committed_output(repo):
+    """The committed records are this matrix's: regenerating keeps every record's header."""
+    for command in ("expand", "cluster"):
+        result = run(repo, command, "matrix.yaml")
+        assert result.returncode == 0, result.stderr
+    for record, output in (
+        ("overlays/.fsdp-gitops-expand.files", "overlays"),
+        ("docs/generated/.fsdp-gitops-expand.files", "plan document"),
+        ("overlays/provisioning/.fsdp-gitops-cluster.files", "provisioning"),
+    ):
+        assert (repo / record).read_text().splitlines()[1:3] == [f"# output: {output}", "# matrix: matrix.yaml"]
+    assert run(repo, "expand", "matrix.yaml", "--check").returncode == 0
+    assert run(repo, "cluster", "matrix.yaml", "--check").returncode == 0
+
+
+def test_records_without_header_lines_are_adopted_by_the_matrix_their_files_name(repo):
+    """Records written before they named their output and matrix: the repository's name matrix.yaml."""
+    records = [repo / "overlays/.fsdp-gitops-expand.files", repo / "docs/generated/.fsdp-gitops-expand.files"]
+    for record in records:
+        lines = record.read_text().splitlines()
+        record.write_text("\n".join(line for line in lines if not line.startswith(("# output:", "# matrix:"))) + "\n")
+    before = snapshot(repo)
+    assert_refused(run(repo, "expand", "other-matrix.yaml"), "--out overlays", "matrix.yaml")
+    assert_refused(run(repo, "expand", "matrix.yaml", "--out", "elsewhere", "--plan-out", "overlays"), "--plan-out")
+    assert snapshot(repo) == before
+    result = run(repo, "expand", "matrix.yaml")
+    assert result.returncode == 0, result.stderr
+    assert all("# matrix: matrix.yaml" in r.read_text().splitlines() for r in records)
+
+
+@pytest.mark.parametrize("command", ["expand", "cluster"])
+def test_another_matrix_into_the_committed_output_is_refused(repo, command):
+    before = snapshot(repo)
+    line = assert_refused(run(repo, command, "other-matrix.yaml"), "--out", "matrix.yaml", "another folder")
+    assert "overlays" in line
+    assert snapshot(repo) == before
+
+
+def test_another_matrix_into_another_matrix_output_elsewhere_is_refused(repo, tmp_path):
+    out = tmp_path / "mine"
+    assert run(repo, "expand", "matrix.yaml", "--out", out).returncode == 0
+    before = snapshot(repo, out)
+    assert_refused(run(repo, "expand", "other-matrix.yaml", "--out", out), f"--out {out}", "matrix.yaml")
+    assert snapshot(repo, out) == before
+    # --check says the same instead of listing the other matrix's files as stale.
+    assert_refused(run(repo, "expand", "other-matrix.yaml", "--out", out, "--check"), f"--out {out}")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--plan-out", "overlays"],
+        ["--out", "overlays", "--plan-out", "overlays"],
+        ["--out", "{tmp}/both", "--plan-out", "{tmp}/both"],
+        ["--out", "{tmp}/o", "--plan-out", "{tmp}/o/docs"],
+        ["--out", "{tmp}/o/overlays", "--plan-out", "{tmp}/o"],
+    ],
+    ids=["plan-out-overlays", "both-overlays", "both-new", "plan-inside-out", "out-inside-plan"],
+)
+def test_out_and_plan_out_in_one_folder_are_refused(repo, tmp_path, args):
+    args = [a.format(tmp=tmp_path) for a in args]
+    before = snapshot(repo, tmp_path / "both", tmp_path / "o")
+    assert_refused(run(repo, "expand", "matrix.yaml", *args), "--out", "--plan-out", args[-1])
+    assert snapshot(repo, tmp_path / "both", tmp_path / "o") == before
+
+
+def test_plan_out_into_committed_overlays_from_elsewhere_is_refused(repo, tmp_path):
+    before = snapshot(repo)
+    out = tmp_path / "o"
+    assert_refused(run(repo, "expand", "matrix.yaml", "--out", out, "--plan-out", "overlays"), "--plan-out overlays")
+    assert snapshot(repo) == before and not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("command", "out"),
+    [
+        ("expand", "overlays/runs/fsdp-p5"),
+        ("expand", "overlays/runs"),
+        ("expand", "overlays/clusters/fsdp-p4de"),
+        ("cluster", "overlays/runs/fsdp-p5"),
+        ("cluster", "overlays/provisioning/fsdp-p5"),
+        ("expand", "overlays/provisioning/fsdp-p5"),
+    ],
+)
+def test_an_out_nested_inside_another_output_is_refused(repo, command, out):
+    before = snapshot(repo)
+    assert_refused(run(repo, command, "matrix.yaml", "--out", out), f"--out {out}", "inside")
+    assert snapshot(repo) == before
+
+
+def test_an_out_that_holds_another_output_it_would_write_into_is_refused(repo, tmp_path):
+    out = tmp_path / "o"
+    nested = out / "runs" / "fsdp-p5"
+    assert run(repo, "expand", "other-matrix.yaml", "--out", nested).returncode == 0
+    before = snapshot(repo, out)
+    assert_refused(run(repo, "expand", "matrix.yaml", "--out", out), f"--out {out}", "runs/fsdp-p5")
+    assert snapshot(repo, out) == before
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--out", "matrix.yaml"), ("--out", "matrix.yaml/o"), ("--plan-out", "matrix.yaml/docs/deeper")],
+)
+def test_a_path_at_or_below_a_regular_file_is_refused(repo, option, value):
+    before = snapshot(repo)
+    extra = ["--out", "o"] if option == "--plan-out" else []
+    assert_refused(run(repo, "expand", "matrix.yaml", *extra, option, value), f"{option} {value}", "choose a folder")
+    assert_refused(run(repo, "cluster", "matrix.yaml", "--out", value), f"--out {value}", "choose a folder")
+    assert snapshot(repo) == before
+
+
+@pytest.mark.parametrize("name", ["a\nb.yaml", "a#b.yaml", "a: b.yaml", "a\n#b: c.yaml", "a-->b.yaml"])
+def test_a_matrix_name_that_would_inject_into_a_banner_is_refused(repo, tmp_path, name):
+    m = repo / name
+    m.write_text((repo / "matrix.yaml").read_text())
+    out = tmp_path / "o"
+    before = snapshot(repo)
+    assert_refused(run(repo, "expand", name, "--out", out), "rename the matrix file")
+    assert snapshot(repo) == before and not out.exists()
+
+
+def test_an_out_with_yaml_syntax_in_its_name_is_written_escaped(repo):
+    """The output's place in the repository becomes Flux paths: quoted, so they load back unchanged."""
+    out = repo / "odd: #name"
+    result = run(repo, "expand", "matrix.yaml", "--out", out)
+    assert result.returncode == 0, result.stderr
+    paths = set()
+    for f in (out / "clusters").rglob("*.yaml"):
+        for doc in yaml.safe_load_all(f.read_text()):
+            if doc and doc.get("kind") == "Kustomization" and "path" in doc.get("spec", {}):
+                paths.add(doc["spec"]["path"])
+    odd = {p for p in paths if "odd" in p}
+    assert odd and all(p.startswith("./odd: #name/") for p in odd), paths
+
+
+MOUNT_SCRIPT = textwrap.dedent(
+    """\
+    import hashlib, json, pathlib, subprocess, sys
+    expand, matrix, out, kind = sys.argv[1:5]
+    out_p = pathlib.Path(out)
+
+    def tree():
+        return {p.relative_to(out_p).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(out_p.rglob("*")) if p.is_file()}
+
+    def gen(*extra):
+        r = subprocess.run([sys.executable, expand, matrix, "--out", out, *extra], capture_output=True, text=True)
+        return [r.returncode, r.stderr]
+
+    def write_matrix(runs):
+        text = pathlib.Path(matrix).read_text().split("axes:")[0]
+        pathlib.Path(matrix).write_text(text + "axes:\\n  rev: [" + ", ".join(map(str, range(runs))) + "]\\n")
+
+    def sequence(name):
+        # A first write, a file of the user's, then the matrix shrinks: stale runs go, the note stays.
+        write_matrix(3)
+        result[name + "-first"] = gen()
+        (out_p / "NOTES.md").write_text("mine\\n")
+        write_matrix(1)
+        result[name] = gen()
+        result[name + "-check"] = gen("--check")
+        result[name + "-tree"] = tree()
+
+    result = {}
+    if kind == "tmpfs":
+        subprocess.run(["mount", "-t", "tmpfs", "tmpfs", out], check=True)
+    else:
+        subprocess.run(["mount", "--bind", out, out], check=True)
+    sequence("mounted")
+    result["leftovers"] = sorted(p.name for p in out_p.iterdir() if "writing" in p.name or "replaced" in p.name)
+    subprocess.run(["umount", out], check=True)
+    subprocess.run(["rm", "-rf", out], check=True)
+    out_p.mkdir()
+    sequence("plain")
+    print(json.dumps(result))
+    """
+)
+
+
+@pytest.mark.parametrize("kind", ["tmpfs", "bind"])
+def test_a_mount_point_as_out_is_written(repo, tmp_path, kind):
+    """A mount point cannot be renamed: the generator swaps its entries instead (in a private mount
+    namespace of this test, never the machine's)."""
+    assert os.geteuid() == 0 and shutil.which("unshare"), (
+        "this test mounts a tmpfs in a private mount namespace: run it as root with unshare (util-linux)"
+    )
+    out = tmp_path / "mnt"
+    out.mkdir()
+    m = tmp_path / "m.yaml"
+    m.write_text(OTHER_MATRIX)
+    script = tmp_path / "mount_write.py"
+    script.write_text(MOUNT_SCRIPT)
+    result = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", sys.executable, str(script)]
+        + [str(repo / "generators" / "expand.py"), str(m), str(out), kind],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    got = json.loads(result.stdout)
+    for name in ("mounted", "plain"):
+        for step in (name + "-first", name, name + "-check"):
+            assert got[step][0] == 0, (step, got[step])
+        assert "0 stale deleted" not in got[name][1], got[name]
+    assert got["leftovers"] == []
+    assert got["mounted-tree"]["NOTES.md"] == hashlib.sha256(b"mine\n").hexdigest()
+    # The tree written at the mount point is the one a plain folder gets.
+    assert got["mounted-tree"] == got["plain-tree"]
