@@ -22,9 +22,9 @@ writer threads: 2.01 MB written for 1.68 MB of state): each saved item (a rank's
 parameter or moment, one step counter per parameter, the param groups' entries) carries a
 torch.save header of about 1.6 kB and a .metadata entry of about 0.3 kB (ITEM_BYTES); each file
 (a shard per rank and writer thread, a RNG file per rank, four small ones) takes up to a page more on
-a file system that allocates pages (FILE_BYTES); each rank's RNG file about 10 kB (RNG_BYTES). For
+a file system that allocates pages (FILE_BYTES); each rank's RNG file 10.5 kB (RNG_BYTES allows 16 kB). For
 Llama-2-7B that is 80.9 GB with fp32 moments and 53.9 GB with bf16 ones (the estimate for 8 ranks is
-14 MB above the bare state); for the tiny model 2.16 MB.
+15 MB above the bare state); for the tiny model 2.16 MB.
 
 MARGIN, 2% of what the checkpoints need: what the estimate does not count, the file system's own
 metadata (directories, inodes, allocation units larger than a page) and small files other writers
