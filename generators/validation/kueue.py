@@ -215,3 +215,120 @@ def check_kueue_scope(units: Sequence[tuple[str, Sequence[Doc], Blame]]) -> list
                     "fix: select the run namespace only",
                 )
     return problems
+
+
+CLUSTER_QUEUE = ("kueue.x-k8s.io", "ClusterQueue")
+RESOURCE_FLAVOR = ("kueue.x-k8s.io", "ResourceFlavor")
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# The Kueue framework that queues each job kind carrying the queue label.
+FRAMEWORK_OF = {
+    ("kubeflow.org", "PyTorchJob"): "kubeflow.org/pytorchjob",
+    ("trainer.kubeflow.org", "TrainJob"): "trainer.kubeflow.org/trainjob",
+    ("batch", "Job"): "batch/job",
+}
+
+
+def check_kueue_references(units: Sequence[tuple[str, Sequence[Doc], Blame]]) -> list[Problem]:
+    """Per cluster, every Kueue reference resolves: a job's queue label names a LocalQueue of its
+    namespace, the LocalQueue a ClusterQueue, the ClusterQueue's flavors ResourceFlavors, and the
+    cluster's Kueue lists the framework of each queued job kind. A reference that resolves to nothing
+    leaves the job suspended for good. A queued TrainJob is refused on its own: the pinned Kueue admits it
+    with older Trainer types that drop its runtimePatches (docs/job-api.md#kueue-and-trainjobs)."""
+    by_cluster: dict[str, dict[int, tuple[Doc, Blame]]] = {}
+    # Only clusters whose Kueue (controllers) and queues (configs) are both in scope are judged.
+    parts: dict[str, set[str]] = {}
+    for path, docs, blame in units:
+        where = cluster_of(path)
+        if where and where[0] in ("infrastructure", "runs"):
+            if where[0] == "infrastructure":
+                part = path.rstrip("/").split(f"infrastructure/{where[1]}/", 1)[-1].split("/", 1)[0]
+                parts.setdefault(where[1], set()).add(part)
+            seen = by_cluster.setdefault(where[1], {})
+            for d in docs:
+                if isinstance(d.data, dict):
+                    seen.setdefault(id(d), (d, blame))
+    problems: list[Problem] = []
+    for cluster, entries in sorted(by_cluster.items()):
+        if not {"controllers", "configs"} <= parts.get(cluster, set()):
+            continue
+        docs = [d for d, _ in entries.values()]
+
+        def report(
+            d: Doc,
+            keys: tuple[str, ...],
+            msg: str,
+            entries: dict[int, tuple[Doc, Blame]] = entries,
+            cluster: str = cluster,
+        ) -> None:
+            reporter(problems, d, entries[id(d)][1])(keys, f"cluster {cluster}: {msg}")
+
+        local = {(meta(d.data, "namespace"), meta(d.data, "name")): d for d in docs if gvk(d.data) == LOCAL_QUEUE}
+        cluster_queues = {meta(d.data, "name"): d for d in docs if gvk(d.data) == CLUSTER_QUEUE}
+        flavors = {meta(d.data, "name") for d in docs if gvk(d.data) == RESOURCE_FLAVOR}
+        configs = [c for d in docs if is_kueue_release(d.data) for c in [kueue_config(d.data)[0]] if c]
+        frameworks = {str(f) for c in configs for f in ((c.get("integrations") or {}).get("frameworks") or [])}
+        reported: set[tuple[str, str, str]] = set()
+        for d in docs:
+            kind = gvk(d.data)
+            queue = ((d.data.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL)
+            if kind not in FRAMEWORK_OF or not queue:
+                continue
+            ns, key = meta(d.data, "namespace"), ("metadata", "labels", QUEUE_LABEL)
+            if (obj_name(d.data), ns, "") in reported:
+                continue
+            reported.add((obj_name(d.data), ns, ""))
+            if kind == ("trainer.kubeflow.org", "TrainJob"):
+                report(
+                    d,
+                    key,
+                    "a TrainJob queued with Kueue never starts: the pinned Kueue admits it with older Trainer "
+                    "types that drop its runtimePatches, so its JobSet stays suspended "
+                    "(docs/job-api.md#kueue-and-trainjobs); "
+                    "fix: kueue: false for this cluster in the matrix, or job_api: pytorchjob",
+                )
+                continue
+            if not configs:
+                report(
+                    d,
+                    key,
+                    f"the queue label names LocalQueue {queue}, but the cluster installs no Kueue, so the job is "
+                    "never queued; fix: kueue: true for this cluster in the matrix, or drop the label",
+                )
+                continue
+            if (ns, queue) not in local:
+                have = sorted(f"{q}" for n, q in local if n == ns)
+                report(
+                    d,
+                    key,
+                    f"the queue label names LocalQueue {queue} in namespace {ns}, which the cluster's builds do not "
+                    f"create, so the job stays suspended for good; fix: name {' or '.join(have) or 'a LocalQueue'} "
+                    f"of namespace {ns}" + ("" if have else " (the configs overlay adds base/components/kueue/queues)"),
+                )
+            if FRAMEWORK_OF[kind] not in frameworks:
+                report(
+                    d,
+                    key,
+                    f"Kueue's integrations.frameworks lacks {FRAMEWORK_OF[kind]}, so the queue label of this "
+                    f"{kind[1]} is ignored and it starts at once, outside the quota; fix: list {FRAMEWORK_OF[kind]}",
+                )
+        for (ns, name), q in sorted(local.items()):
+            target = (q.data.get("spec") or {}).get("clusterQueue")
+            if target not in cluster_queues:
+                report(
+                    q,
+                    ("spec", "clusterQueue"),
+                    f"LocalQueue {ns}/{name} names ClusterQueue {target}, which the cluster's builds do not create, "
+                    f"so its jobs are never admitted; fix: name one of {', '.join(sorted(cluster_queues)) or 'none'}",
+                )
+        for name, cq in sorted(cluster_queues.items()):
+            for i, group in enumerate((cq.data.get("spec") or {}).get("resourceGroups") or []):
+                for j, flavor in enumerate(group.get("flavors") or []):
+                    if flavor.get("name") not in flavors:
+                        report(
+                            cq,
+                            ("spec", "resourceGroups", str(i), "flavors", str(j), "name"),
+                            f"ClusterQueue {name} names ResourceFlavor {flavor.get('name')}, which the cluster's "
+                            "builds do not create, so it admits nothing; fix: name one of "
+                            f"{', '.join(sorted(flavors)) or 'none (add the ResourceFlavor)'}",
+                        )
+    return problems

@@ -18,7 +18,8 @@ from generators.core.gotools import REPO_ROOT, tool
 from generators.validation.device_plugins import check_device_plugins
 from generators.validation.fluxgraph import check_flux
 from generators.validation.index import Build, RepoIndex, repo_files
-from generators.validation.kueue import check_kueue_scope, check_kueue_values
+from generators.validation.jobs import check_job_templates
+from generators.validation.kueue import check_kueue_references, check_kueue_scope, check_kueue_values
 from generators.validation.manifests import (
     FLUX_KUSTOMIZATION,
     Doc,
@@ -45,7 +46,13 @@ from generators.validation.schemas import (
     prepare_core_schemas,
 )
 from generators.validation.semantics import Blame, check_jobs, check_objects
-from generators.validation.trainjob import as_trainjob, compose_trainjobs, object_problems, with_composed
+from generators.validation.trainjob import (
+    as_trainjob,
+    check_trainer_installed,
+    compose_trainjobs,
+    object_problems,
+    with_composed,
+)
 
 # Checks run on the documents of every unit (one kustomize build, or one plain manifest file); `blame`
 # names the input file that set a field of a document.
@@ -56,6 +63,7 @@ OBJECT_CHECKS: list[ObjectCheck] = [
     check_readability,
     check_kueue_values,
     check_operator_fields,
+    check_job_templates,
 ]
 
 
@@ -197,6 +205,10 @@ def validate(
     problems += as_trainjob(p, [c for cs in composed for c in cs])
     # Per cluster: Kueue selects exactly the namespaces that hold its LocalQueues.
     problems += check_kueue_scope([(u.label, u.docs, b) for u, b in zip(units, blames, strict=True)])
+    # Per trainjob cluster: its controllers install the Trainer with its CRDs and JobSet.
+    problems += check_trainer_installed([(u.label, u.docs, b) for u, b in zip(units, blames, strict=True)])
+    # Per cluster: every queue label, LocalQueue and ClusterQueue resolves, and Kueue queues each kind.
+    problems += check_kueue_references([(u.label, u.docs, b) for u, b in zip(units, blames, strict=True)])
 
     return Report(
         collapse(problems),

@@ -218,6 +218,10 @@ def _limit(c: Mapping[str, Any], resource: str) -> int:
     return _int(((c.get("resources") or {}).get("limits") or {}).get(resource, 0)) or 0
 
 
+# The one replica of a TrainJob composed with its runtime (generators/validation/trainjob.py NODE).
+TRAINJOB_ROLE = "node"
+
+
 def check_pytorchjob(
     doc: Doc,
     configmaps: Mapping[str, dict],
@@ -232,6 +236,8 @@ def check_pytorchjob(
     bad = reporter(problems, doc, blame)
     rdzv_ids = {str(elastic["rdzvId"])} if elastic.get("rdzvId") else set()
     run_dirs: set[tuple[str, str]] = set()
+    replica_specs = spec.get("pytorchReplicaSpecs") or {}
+    total_nodes = sum(_int((r or {}).get("replicas", 1)) or 0 for r in replica_specs.values())
     for role, replicas in sorted((spec.get("pytorchReplicaSpecs") or {}).items()):
         pod = ((replicas or {}).get("template") or {}).get("spec") or {}
         at = ("spec", "pytorchReplicaSpecs", role, "template", "spec")
@@ -288,6 +294,30 @@ def check_pytorchjob(
                         c_at + ("command",),
                         f"{role}: torchrun --nproc_per_node is {n} but the container has "
                         f"{_limit(c, GPU_RESOURCE)} GPUs ({GPU_RESOURCE}); make them equal",
+                    )
+            for n in _flag_values(tokens, ("--nnodes",)):
+                most = _int(n.rsplit(":", 1)[-1])
+                if most is not None and most != total_nodes:
+                    pods = "trainer.numNodes" if role == TRAINJOB_ROLE else "replicas"
+                    bad(
+                        c_at + ("command",),
+                        f"{role}: torchrun --nnodes is {n} but the job has {total_nodes} pods ({pods}): the "
+                        f"rendezvous would wait for nodes that never come, or leave pods out; make them equal",
+                    )
+            backend = (_flag_values(tokens, ("--rdzv_backend", "--rdzv-backend")) or ["static"])[-1]
+            for endpoint in _flag_values(tokens, ("--rdzv_endpoint", "--rdzv-endpoint")) if backend == "c10d" else []:
+                host = endpoint.rsplit(":", 1)[0] if ":" in endpoint else endpoint
+                name = meta(data, "name")
+                if role == TRAINJOB_ROLE:
+                    hosts = [f"{name}-{TRAINJOB_ROLE}-0-0.{name}"]
+                else:
+                    hosts = [f"{name}-worker-0", f"{name}-master-0"]
+                if host.split(".svc", 1)[0] not in hosts and not any(host.startswith(w + ".") for w in hosts):
+                    api = "a TrainJob's JobSet" if role == TRAINJOB_ROLE else "a PyTorchJob"
+                    bad(
+                        c_at + ("command",),
+                        f"{role}: --rdzv-endpoint {endpoint} names no pod of this job: the first pod of {api} is "
+                        f"{hosts[0]}, so the rendezvous never meets; fix: --rdzv-endpoint={hosts[0]}:29400",
                     )
             rdzv_ids.update(_flag_values(tokens, ("--rdzv_id", "--rdzv-id")))
             rdzv_ids.update([str(env["PET_RDZV_ID"])] if env.get("PET_RDZV_ID") else [])

@@ -233,6 +233,18 @@ def compose_trainjobs(
             if gvk(d.data) != TRAINJOB:
                 continue
             ref = (d.data.get("spec") or {}).get("runtimeRef") or {}
+            if ref.get("apiGroup", TRAINER_GROUP) != TRAINER_GROUP:
+                # The Trainer resolves only its own runtimes: another group's object is never found.
+                problems.append(
+                    Problem(
+                        blame(d, ("spec", "runtimeRef", "apiGroup")),
+                        d.line,
+                        obj_name(d.data),
+                        f"runtimeRef.apiGroup is {ref.get('apiGroup')!r}, but the Trainer resolves runtimes of "
+                        f"{TRAINER_GROUP} only, so its pods would never be created. Fix: apiGroup: {TRAINER_GROUP}",
+                    )
+                )
+                continue
             kind = str(ref.get("kind") or "ClusterTrainingRuntime")
             name = str(ref.get("name") or "")
             key = (kind, f"{meta(d.data, 'namespace')}/{name}" if kind == "TrainingRuntime" else name)
@@ -306,3 +318,77 @@ def with_composed(docs: Sequence[Doc], blame: Blame, composed: Sequence[Composed
     """A unit's documents with its compositions added, and a blame that knows both."""
     by_doc = {id(c.doc): c.blame for c in composed}
     return list(docs) + [c.doc for c in composed], lambda doc, keys: by_doc.get(id(doc), blame)(doc, keys)
+
+
+def _is_trainer_release(data: Any) -> bool:
+    if gvk(data) != ("helm.toolkit.fluxcd.io", "HelmRelease"):
+        return False
+    spec = data.get("spec") or {}
+    chart = ((spec.get("chart") or {}).get("spec") or {}).get("chart")
+    return "kubeflow-trainer" in (meta(data, "name"), chart, (spec.get("chartRef") or {}).get("name"))
+
+
+def check_trainer_installed(units: Sequence[tuple[str, Sequence[Doc], Blame]]) -> list[Problem]:
+    """Per cluster whose builds apply TrainJobs or Trainer runtimes: its controllers install the Trainer
+    with its CRDs and JobSet (the chart's crds.enabled and jobset.install, CRDs created on install and
+    replaced on upgrade). Without them Flux's apply of the runtime and the runs fails on unknown kinds, or
+    the TrainJobs wait for a JobSet controller that is not there. Judged where the cluster's controllers
+    are in scope."""
+    users: dict[str, Doc] = {}
+    releases: dict[str, list[tuple[Doc, Blame]]] = {}
+    controllers: set[str] = set()
+    for path, docs, blame in units:
+        where = cluster_of(path)
+        if not where or where[0] not in ("infrastructure", "runs"):
+            continue
+        if where[0] == "infrastructure" and path.rstrip("/").endswith(f"infrastructure/{where[1]}/controllers"):
+            controllers.add(where[1])
+        for d in docs:
+            group, kind = gvk(d.data)
+            if group == TRAINER_GROUP and (kind == "TrainJob" or kind in RUNTIME_KINDS):
+                users.setdefault(where[1], d)
+            elif _is_trainer_release(d.data):
+                releases.setdefault(where[1], []).append((d, blame))
+    problems: list[Problem] = []
+    for cluster, user in sorted(users.items()):
+        if cluster not in controllers:
+            continue
+        found = releases.get(cluster, [])
+        if not found:
+            problems.append(
+                Problem(
+                    user.file,
+                    user.line,
+                    obj_name(user.data),
+                    f"cluster {cluster} applies Kubeflow Trainer objects but its controllers install no Trainer "
+                    "(HelmRelease kubeflow-trainer), so their kinds are unknown to the API server; fix: job_api: "
+                    "trainjob for the cluster in the matrix (its controllers add base/components/kubeflow-trainer)",
+                )
+            )
+            continue
+        for d, blame in found:
+            spec = d.data.get("spec") or {}
+            values = spec.get("values") or {}
+            missing = [
+                (keys, want)
+                for keys, have, want in (
+                    (("spec", "values", "crds", "enabled"), (values.get("crds") or {}).get("enabled"), "true"),
+                    (("spec", "values", "jobset", "install"), (values.get("jobset") or {}).get("install"), "true"),
+                    (("spec", "install", "crds"), (spec.get("install") or {}).get("crds"), "CreateReplace"),
+                    (("spec", "upgrade", "crds"), (spec.get("upgrade") or {}).get("crds"), "CreateReplace"),
+                )
+                if str(have) != want and not (want == "true" and have is True)
+            ]
+            for keys, want in missing:
+                problems.append(
+                    Problem(
+                        blame(d, keys),
+                        d.line,
+                        obj_name(d.data),
+                        f"cluster {cluster}: the Trainer release does not install "
+                        + ("JobSet" if "jobset" in keys else "the Trainer CRDs")
+                        + f" ({'.'.join(keys[1:])} is not {want}), so its TrainJobs cannot run; fix: "
+                        f"{'.'.join(keys[1:])}: {want}",
+                    )
+                )
+    return problems
