@@ -35,7 +35,8 @@ if not __package__:
 from generators.core import writer
 from generators.core.cli import errors_to_exit_codes, matrix_label, output_dir, owner, sync, version_option
 from generators.matrix import Matrix, Run, expand, load
-from generators.plan import ClusterPlan, plan
+from generators.plan import ClusterPlan
+from generators.plan.estimate import plan_fitting as plan
 from generators.render import provisioning
 
 # The checkout this command belongs to (a copy of the repository writes into itself).

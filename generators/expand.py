@@ -45,8 +45,9 @@ from generators.core.cli import (
 )
 from generators.core.errors import InputError
 from generators.matrix import Matrix, Run, expand, load
-from generators.plan import ClusterPlan, Plan, plan
+from generators.plan import ClusterPlan, Plan
 from generators.plan.compare import plan_output
+from generators.plan.estimate import plan_fitting as plan
 from generators.plan.table import FORMATS
 from generators.plan.window import overrun_warnings
 from generators.render import Layout, layout_for, render

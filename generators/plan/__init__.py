@@ -36,8 +36,9 @@ Memory fit
 The peak-memory model lives in trainer/memory.py, shared with the trainer. A run whose
 `activation_checkpointing` is `auto` (the default) gets the least recomputation `auto` prefers for
 the instance's GPU memory, written into its config; a run whose estimate exceeds the GPU's memory
-less HEADROOM_GIB even so is rejected (Llama 2 70B on one or two nodes at batch size 3), with the
-cheapest change that fits, the one `--plan` names (generators/plan/estimate.py searches them). The
+less HEADROOM_GIB even so is rejected (Llama 2 70B on one or two nodes at batch size 3): an `Unfit`
+error, which the commands turn into the cheapest change that fits, the one `--plan` names
+(generators/plan/estimate.py plan_fitting, where the changes are searched and priced). The
 estimate is held to 10% of measured peaks by tests/test_plan_model.py; the headroom covers what it
 does not count (the allocator's cache above its peak, measured; the CUDA context, NCCL's buffers).
 """
@@ -167,47 +168,19 @@ def plan(matrix: Matrix, runs: Sequence[Run]) -> list[ClusterPlan]:
 
 
 class Unfit(InputError):
-    """A run whose memory estimate exceeds its GPUs' memory."""
+    """A run whose memory estimate exceeds its GPUs' memory: generators/plan/estimate.py's
+    plan_fitting gives it the cheapest change that fits, the one `--plan` names."""
 
-
-def _unfit_error(matrix: Matrix, runs: Sequence[Run], unfit: Unfit) -> InputError:
-    """The error for the last of `runs`, which does not fit: the reason and the cheapest fix that
-    `--plan` gives it (the one search of generators/plan/estimate.py), at the line of the setting
-    the fix changes first."""
-    # estimate.py builds on this module's Plan: imported once this module is loaded.
-    from generators.plan.estimate import unfit_estimate
-
-    try:
-        est = unfit_estimate(matrix, runs)
-    except InputError:  # the price table cannot rank the fixes (--plan says why)
-        return unfit
-    refusal = est.refusal
-    if refusal is None:
-        return unfit
-    if not refusal.fix:
-        return _fail(
-            matrix,
-            runs[-1],
-            "model",
-            refusal.reason,
-            "none of more nodes, checkpointing, a larger shard group, fp8 or a smaller batch fits: "
-            "use an instance type with more GPU memory or a smaller model",
-            est.name,
-        )
-    fix = f"set {refusal.fix}: the cheapest change that fits, as --plan shows"
-    return _fail(matrix, runs[-1], refusal.fix_key, refusal.reason, fix, est.name)
+    def __init__(self, error: InputError, run: Run):
+        super().__init__(error.message, file=error.file, line=error.line, key=error.key, fix=error.fix)
+        self.run = run
 
 
 def plan_runs(matrix: Matrix, runs: Sequence[Run], *, reject_unfit: bool = True) -> list[Plan]:
     """Plan every run in order; two runs with the same name are an error. `reject_unfit=False` plans
     a run that cannot fit as well (`expand.py --plan` refuses it with a fix instead)."""
     cache: dict[str, TrainConfig] = {}
-    plans = []
-    for i, run in enumerate(runs):
-        try:
-            plans.append(plan_run(matrix, run, cache, reject_unfit=reject_unfit))
-        except Unfit as unfit:
-            raise _unfit_error(matrix, runs[: i + 1], unfit) from None
+    plans = [plan_run(matrix, run, cache, reject_unfit=reject_unfit) for run in runs]
     # Different configurations whose names collide (the short hash is shared by about one pair in a
     # few thousand runs) get a longer hash, two digits at a time, until every name is unique; a run
     # that collides with nothing keeps its short name, so names stay stable.
@@ -243,7 +216,7 @@ def _configuration(p: Plan) -> tuple:
     return repr(sorted(fields.items())), repr(to_dict(p.trainer))
 
 
-def _where(matrix: Matrix, run: Run, path: str) -> tuple[int, str]:
+def where(matrix: Matrix, run: Run, path: str) -> tuple[int, str]:
     """Line and matrix key of the value at run path `path` (or of its closest set parent/child)."""
     probe = path
     while probe:
@@ -257,7 +230,7 @@ def _where(matrix: Matrix, run: Run, path: str) -> tuple[int, str]:
 
 
 def _fail(matrix: Matrix, run: Run, path: str, message: str, fix: str, readable: str = "") -> InputError:
-    line, key = _where(matrix, run, path)
+    line, key = where(matrix, run, path)
     if readable:
         message = f"{message} (run {readable})"
     return InputError(message, file=matrix.file, line=line, key=key, fix=fix)
@@ -421,17 +394,19 @@ def plan_run(
     cfg = resolve_auto(arch, cfg, shard_size, instance.gpu_memory_gib)
     est = estimate_peak_gib(arch, cfg, shard_size)
     if reject_unfit and not fits(est, instance.gpu_memory_gib):
-        # plan_runs replaces the fix with --plan's cheapest change that fits, where it can rank them.
-        refused = _fail(
-            matrix,
+        # The commands refuse it with --plan's cheapest change that fits (estimate.plan_fitting).
+        raise Unfit(
+            _fail(
+                matrix,
+                run,
+                "nodes",
+                f"{run.model} needs about {est:.0f} GiB per GPU with {par.sharding_strategy} over "
+                f"{shard_size} GPUs, but {instance_name} GPUs have {usable_text(instance.gpu_memory_gib)}",
+                f"python generators/expand.py {matrix.file} --plan names the cheapest change that fits",
+                readable,
+            ),
             run,
-            "nodes",
-            f"{run.model} needs about {est:.0f} GiB per GPU with {par.sharding_strategy} over "
-            f"{shard_size} GPUs, but {instance_name} GPUs have {usable_text(instance.gpu_memory_gib)}",
-            f"python generators/expand.py {matrix.file} --plan names the cheapest change that fits",
-            readable,
         )
-        raise Unfit(refused.message, file=refused.file, line=refused.line, key=refused.key, fix=refused.fix)
     shm_cap = instance.host_memory_gib * gpus // instance.num_gpus // 2
     if run.shm_size_gib > shm_cap:
         raise _fail(

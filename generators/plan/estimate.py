@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from generators.core.errors import InputError
 from generators.matrix.load import Matrix
 from generators.matrix.schema import Cluster, Run
-from generators.plan import Plan, plan_runs
+from generators.plan import ClusterPlan, Plan, Unfit, plan_runs, where
+from generators.plan import plan as plan_clusters
 from generators.plan.cost import PriceTable, load_prices
 from generators.plan.overheads import (
     ASYNC_MODES,
@@ -418,12 +419,40 @@ def estimate_run(
     )
 
 
-def unfit_estimate(matrix: Matrix, runs: Sequence[Run]) -> RunEstimate:
-    """The last of `runs` estimated as `--plan` estimates it, refusal and cheapest fix included: what
-    plan_runs refuses a run that does not fit with. The runs before it count as they do in `--plan`
-    (the first run of a model and of a dataset on a cluster downloads and stages them: the costs
-    that rank the fixes)."""
-    return estimate_matrix(matrix, plan_runs(matrix, runs, reject_unfit=False), load_prices()).runs[-1]
+def plan_fitting(matrix: Matrix, runs: Sequence[Run]) -> list[ClusterPlan]:
+    """plan(): every run planned (the first bad one raises InputError), where a run that does not fit
+    is refused with the reason and the cheapest change that fits, the ones `--plan` gives it, at the
+    matrix line of the setting that change makes first (its entry's line where it sets nothing yet)."""
+    try:
+        return plan_clusters(matrix, runs)
+    except Unfit as unfit:
+        index = next(i for i, r in enumerate(runs) if r is unfit.run)
+        raise _unfit_error(matrix, runs[: index + 1], unfit) from None
+
+
+def _unfit_error(matrix: Matrix, runs: Sequence[Run], unfit: Unfit) -> InputError:
+    """`unfit`, the last of `runs`, as --plan refuses it. The runs before it count as they do in
+    --plan (the first run of a model and of a dataset on a cluster downloads and stages them: costs
+    that rank the changes)."""
+    try:
+        est = estimate_matrix(matrix, plan_runs(matrix, runs, reject_unfit=False), load_prices()).runs[-1]
+    except InputError:  # the price table cannot rank the changes (--plan says why)
+        return unfit
+    refusal = est.refusal
+    if refusal is None:
+        return unfit
+    run = runs[-1]
+    message = f"{refusal.reason} (run {est.name})"
+    if not refusal.fix:
+        line, key = where(matrix, run, "model")
+        fix = (
+            "none of more nodes, checkpointing, a larger shard group, fp8 or a smaller batch fits: "
+            "use an instance type with more GPU memory or a smaller model"
+        )
+    else:
+        line, key = where(matrix, run, refusal.fix_key)
+        fix = f"set {refusal.fix}: the cheapest change that fits, as --plan shows"
+    return InputError(message, file=matrix.file, line=line, key=key, fix=fix)
 
 
 # Per-run paths carry the name (and so the hash): they differ whenever anything else does.
