@@ -294,3 +294,98 @@ def test_a_mount_point_as_out_is_written(repo, tmp_path, kind):
     assert got["mounted-tree"]["NOTES.md"] == hashlib.sha256(b"mine\n").hexdigest()
     # The tree written at the mount point is the one a plain folder gets.
     assert got["mounted-tree"] == got["plain-tree"]
+
+
+KILL_SCRIPT = textwrap.dedent(
+    """\
+    import hashlib, json, os, pathlib, subprocess, sys
+    repo, matrix, out = sys.argv[1:4]
+    out_p, m = pathlib.Path(out), pathlib.Path(matrix)
+    expand = [sys.executable, repo + "/generators/expand.py", matrix, "--out", out]
+    # The write of the changed matrix, killed (SIGKILL) right after its first swap of an entry.
+    killed = "\\n".join([
+        "import os, signal, sys",
+        "sys.path.insert(0, sys.argv[1])",
+        "from generators.core import outdir",
+        "real, calls = outdir._exchange, []",
+        "def exchange(a, b):",
+        "    calls.append(a)",
+        "    done = real(a, b)",
+        "    if len(calls) == 1:",
+        "        os.kill(os.getpid(), signal.SIGKILL)",
+        "    return done",
+        "outdir._exchange = exchange",
+        "sys.argv = sys.argv[2:]",
+        "from generators import expand",
+        "expand.main()",
+    ])
+
+    def tree():  # the output, without the hidden folder of a write in progress
+        return {p.relative_to(out_p).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(out_p.rglob("*"))
+                if p.is_file() and not p.relative_to(out_p).parts[0].startswith(".fsdp-gitops.writing-")}
+
+    data_line = "    data: {path: /shared/data/samsum/train.jsonl}\\n"
+    base = m.read_text()
+
+    def matrix_of(lr):
+        m.write_text(base.replace(data_line, data_line + "    training: {lr: " + lr + "}\\n"))
+
+    result = {}
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", out], check=True)
+    matrix_of("1.0e-5")
+    subprocess.run(expand, check=True, capture_output=True)
+    result["old"] = tree()
+    matrix_of("2.0e-5")
+    kill = subprocess.run([sys.executable, "-c", killed, repo, "expand.py", matrix, "--out", out], capture_output=True)
+    result["kill_rc"] = kill.returncode
+    result["kill_err"] = kill.stderr.decode()[-800:]
+    result["mix"] = tree()
+    result["hidden_after_kill"] = len([p for p in out_p.iterdir() if p.name.startswith(".fsdp-gitops.writing-")])
+    result["record"] = (out_p / ".fsdp-gitops-expand.files").read_text()
+    result["check_rc"] = subprocess.run(expand + ["--check"], capture_output=True).returncode
+    again = subprocess.run(expand, capture_output=True, text=True)
+    result["again"] = [again.returncode, again.stderr]
+    result["repaired"] = tree()
+    result["hidden"] = sorted(p.name for p in out_p.iterdir() if p.name.startswith(".fsdp-gitops.writing-"))
+    subprocess.run(["umount", out], check=True)
+    subprocess.run(expand, check=True, capture_output=True)
+    result["plain"] = tree()
+    print(json.dumps(result))
+    """
+)
+
+
+def test_a_write_killed_between_swaps_at_a_mount_point_is_completed_by_the_next(repo, tmp_path):
+    """At a mount point entries are swapped one by one: killed after the first, the output holds each
+    file's old or new bytes, never a half-written one, and the next write makes it exactly new."""
+    assert os.geteuid() == 0 and shutil.which("unshare"), (
+        "this test mounts a tmpfs in a private mount namespace: run it as root with unshare (util-linux)"
+    )
+    out = tmp_path / "mnt"
+    out.mkdir()
+    m = tmp_path / "m.yaml"
+    m.write_text(OTHER_MATRIX)
+    script = tmp_path / "kill_write.py"
+    script.write_text(KILL_SCRIPT)
+    result = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", sys.executable, str(script), str(repo), str(m), str(out)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    got = json.loads(result.stdout)
+    assert got["kill_rc"] == -9, got["kill_err"]
+    old, new, mix = got["old"], got["plain"], got["mix"]
+    record = ".fsdp-gitops-expand.files"
+    assert mix != old and mix != new and got["hidden_after_kill"] == 1  # some entries swapped, some not
+    for path, digest in mix.items():
+        assert path == record or digest in (old.get(path), new.get(path)), path
+    # Until the write completes, the record owns the old files and the new ones.
+    listed = {line for line in got["record"].splitlines() if not line.startswith("#")}
+    assert listed == (set(old) | set(new)) - {record}
+    assert got["check_rc"] == 1
+    assert got["again"][0] == 0, got["again"]
+    assert got["repaired"] == new and got["hidden"] == []

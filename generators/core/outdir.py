@@ -11,8 +11,9 @@ is generated (carries a generator banner, in a Markdown file as an HTML comment,
 another generator's record); then the files with this generator's banner naming this matrix are its
 own (how an output written before records existed is adopted).
 
-Refused before anything is written, each as bad input (exit 2, one line, the fix), by `check_target`
-and again under the lock by `write` (and by `compare`, so --check says the same):
+Refused before anything is written, each as bad input (exit 2, one line, the fix): by `check_target`
+(the path alone) and by `compare`, which `write` runs before it creates anything and again under the
+lock (so --check says the same, and of two writers racing for one folder the second is refused):
 - a path that is a file, or lies below one; an ancestor of the repository;
 - a folder whose record says another output or another matrix (the same generator's overlays of
   another matrix, or its plan document where overlays would go);
@@ -36,8 +37,9 @@ nested outputs such as overlays/ and overlays/provisioning/ take turns too, else
 
 A mount point as the output (a container's volume, a tmpfs) cannot be renamed, and a tree built
 beside it is on another file system. There the new tree is built inside it, in a hidden folder
-`.fsdp-gitops.writing-<pid>` (hard links work within the mount), and each top-level entry is
-exchanged with its new version, one atomic rename each, the record last. Before the first exchange
+`.fsdp-gitops.writing-<pid>` (hard links work within the mount), and each top-level entry the write
+changes is exchanged with its new version, one atomic rename each, the record last (entries it does
+not change, such as a file system's lost+found, stay as they are). Before the first exchange
 the record is replaced by one listing the old and the new files, so a write killed between two
 exchanges leaves a mix of old and new entries that the next write owns completely and repairs; the
 hidden folder it left is removed then. So at a mount point each top-level entry is old or new, and
@@ -308,7 +310,7 @@ def owned_files(
         record = _read_record(existing[own_manifest])
         if owner is not None:
             _check_identity(record, owner, existing, expected, banner, key)
-        owned = record.files & set(existing)
+        owned = (record.files & set(existing)) - set(listed)  # never a file another record lists
     else:
         for rel, path in existing.items():
             if rel in manifests or rel in listed or rel.endswith(LOCK_SUFFIX):
@@ -527,23 +529,24 @@ def _same_file(a: Path, b: Path) -> bool:
     return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
 
 
-def _swap_entries(tmp: Path, out_dir: Path, manifest: str, transition: bytes) -> None:
+def _swap_entries(tmp: Path, out_dir: Path, manifest: str, transition: bytes, changes: Changes) -> None:
     """At a mount point: make out_dir's entries those of tmp (built inside it), one atomic rename each,
-    the record last; until then the record lists the old and the new files (the module docstring)."""
+    the record last; until then the record lists the old and the new files (the module docstring).
+    Entries the write does not change stay as they are (a file system's lost+found among them)."""
     staged = tmp / (_INSIDE_WRITING + "record")
     staged.write_bytes(transition)
     os.replace(staged, out_dir / manifest)
     _fsync_dir(out_dir)
     trash = tmp / (_INSIDE_WRITING + "old")  # where old entries go when no exchange is possible
-    names = {*os.listdir(tmp), *os.listdir(out_dir)} - {tmp.name, manifest}
-    for n in sorted(n for n in names if not n.startswith(_INSIDE_WRITING)):
+    touched = {rel.split("/", 1)[0] for rel in changes.all()}
+    for n in sorted(touched - {manifest}):
         new, old = tmp / n, out_dir / n
         if not os.path.lexists(old):
             os.rename(new, old)
         elif not os.path.lexists(new):
             os.rename(old, new)  # gone from the new tree: into tmp, removed with it
         elif _same_file(new, old):
-            continue  # an unchanged file (hard link) or a foreign one carried over
+            continue
         elif not _exchange(new, old):
             trash.mkdir(exist_ok=True)
             os.rename(old, trash / n)
@@ -592,7 +595,7 @@ def write(
             if mount_point:
                 # Until the last swap the record owns the files going as well as the new ones.
                 transition = _manifest_bytes(generator, set(expected) | set(changes.deleted), owner)
-                _swap_entries(tmp, out_dir, manifest, transition)
+                _swap_entries(tmp, out_dir, manifest, transition, changes)
             elif not out_dir.exists():
                 os.rename(tmp, out_dir)
             elif _exchange(tmp, out_dir):
