@@ -1,8 +1,10 @@
 """Every write path of the generators refuses an output folder whose write would delete or overwrite
-files the same command does not own, as the user meets it: the commands of a copy of the repository
-(its own overlays/ and docs/generated/ committed), run as `python generators/<command>.py`. Each
-refusal is exit 2, one line naming the folder and the fix, and every file of the copy and of the
-folders named is byte for byte what it was."""
+files the same command does not own, as the user meets it: the commands run against a copy of the
+repository's committed overlays/ and docs/generated/ (in process, with the commands' repository
+root pointed at the copy; the script itself, `python generators/<command>.py` of a copied checkout,
+where the case is the one users report and for the mount points). Each refusal is exit 2, one line
+naming the folder and the fix, and every file of the copy and of the folders named is byte for byte
+what it was."""
 
 from __future__ import annotations
 
@@ -13,12 +15,13 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 from matrix_support import HEADER
-from support import REPO_ROOT
+from support import REPO_ROOT, cli_run
 
 OTHER_MATRIX = (
     HEADER
@@ -36,19 +39,32 @@ axes:
 
 
 @pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    """A copy of the repository's generators and committed generated files, with a second matrix."""
+def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A copy of the repository's committed generated files and its matrix, with a second matrix; the
+    commands (in process) take it for their repository, run from it."""
+    from generators import cluster, expand
+
     root = tmp_path / "repo"
-    root.mkdir()
-    ignore = shutil.ignore_patterns("__pycache__")
-    for code in ("generators", "trainer"):
-        shutil.copytree(REPO_ROOT / code, root / code, ignore=ignore)
     shutil.copytree(REPO_ROOT / "overlays", root / "overlays")
     shutil.copytree(REPO_ROOT / "docs" / "generated", root / "docs" / "generated")
-    for name in ("pyproject.toml", "matrix.yaml"):
-        shutil.copy2(REPO_ROOT / name, root / name)
+    shutil.copy2(REPO_ROOT / "matrix.yaml", root / "matrix.yaml")
     (root / "other-matrix.yaml").write_text(OTHER_MATRIX)
+    for module in (expand, cluster):
+        monkeypatch.setattr(module, "REPO_ROOT", root)
+    monkeypatch.setattr(expand, "DEFAULT_OUT", root / "overlays")
+    monkeypatch.setattr(expand, "DEFAULT_PLAN_OUT", root / "docs" / "generated")
+    monkeypatch.setattr(cluster, "DEFAULT_OUT", root / "overlays" / "provisioning")
+    monkeypatch.chdir(root)
     return root
+
+
+@pytest.fixture
+def checkout(repo: Path) -> Path:
+    """`repo` with the code beside it, for `python generators/<command>.py` of that checkout."""
+    for code in ("generators", "trainer"):
+        shutil.copytree(REPO_ROOT / code, repo / code, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(REPO_ROOT / "pyproject.toml", repo / "pyproject.toml")
+    return repo
 
 
 def snapshot(*roots: Path) -> dict[str, str]:
@@ -63,17 +79,34 @@ def snapshot(*roots: Path) -> dict[str, str]:
     return seen
 
 
-def run(repo: Path, command: str, *args: object) -> subprocess.CompletedProcess:
-    return subprocess.run(
+@dataclass(frozen=True)
+class Ran:
+    returncode: int
+    stderr: str
+
+
+def run(repo: Path, command: str, *args: object) -> Ran:
+    """A command in process, on the `repo` fixture's copy."""
+    from generators import cluster, expand
+
+    result = cli_run({"expand": expand, "cluster": cluster}[command].main, args)
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    return Ran(result.exit_code, result.stderr)
+
+
+def run_script(repo: Path, command: str, *args: object) -> Ran:
+    """`python generators/<command>.py ...` of the `checkout` fixture's copy, run from it."""
+    done = subprocess.run(
         [sys.executable, str(repo / "generators" / f"{command}.py"), *map(str, args)],
         cwd=repo,
         capture_output=True,
         text=True,
         check=False,
     )
+    return Ran(done.returncode, done.stderr)
 
 
-def assert_refused(result: subprocess.CompletedProcess, *fragments: str) -> str:
+def assert_refused(result: Ran, *fragments: str) -> str:
     assert result.returncode == 2, (result.returncode, result.stderr)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
@@ -115,9 +148,11 @@ def test_records_without_header_lines_are_adopted_by_the_matrix_their_files_name
 
 
 @pytest.mark.parametrize("command", ["expand", "cluster"])
-def test_another_matrix_into_the_committed_output_is_refused(repo, command):
+def test_another_matrix_into_the_committed_output_is_refused(checkout, command):
+    """`python generators/expand.py other-matrix.yaml` once deleted ~150 files of matrix.yaml's overlays/."""
+    repo = checkout
     before = snapshot(repo)
-    line = assert_refused(run(repo, command, "other-matrix.yaml"), "--out", "matrix.yaml", "another folder")
+    line = assert_refused(run_script(repo, command, "other-matrix.yaml"), "--out", "matrix.yaml", "another folder")
     assert "overlays" in line
     assert snapshot(repo) == before
 
@@ -264,7 +299,7 @@ MOUNT_SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.parametrize("kind", ["tmpfs", "bind"])
-def test_a_mount_point_as_out_is_written(repo, tmp_path, kind):
+def test_a_mount_point_as_out_is_written(checkout, tmp_path, kind):
     """A mount point cannot be renamed: the generator swaps its entries instead (in a private mount
     namespace of this test, never the machine's)."""
     assert os.geteuid() == 0 and shutil.which("unshare"), (
@@ -278,7 +313,7 @@ def test_a_mount_point_as_out_is_written(repo, tmp_path, kind):
     script.write_text(MOUNT_SCRIPT)
     result = subprocess.run(
         ["unshare", "--mount", "--propagation", "private", sys.executable, str(script)]
-        + [str(repo / "generators" / "expand.py"), str(m), str(out), kind],
+        + [str(checkout / "generators" / "expand.py"), str(m), str(out), kind],
         capture_output=True,
         text=True,
         check=False,
@@ -356,7 +391,7 @@ KILL_SCRIPT = textwrap.dedent(
 )
 
 
-def test_a_write_killed_between_swaps_at_a_mount_point_is_completed_by_the_next(repo, tmp_path):
+def test_a_write_killed_between_swaps_at_a_mount_point_is_completed_by_the_next(checkout, tmp_path):
     """At a mount point entries are swapped one by one: killed after the first, the output holds each
     file's old or new bytes, never a half-written one, and the next write makes it exactly new."""
     assert os.geteuid() == 0 and shutil.which("unshare"), (
@@ -369,7 +404,8 @@ def test_a_write_killed_between_swaps_at_a_mount_point_is_completed_by_the_next(
     script = tmp_path / "kill_write.py"
     script.write_text(KILL_SCRIPT)
     result = subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", sys.executable, str(script), str(repo), str(m), str(out)],
+        ["unshare", "--mount", "--propagation", "private", sys.executable, str(script)]
+        + [str(checkout), str(m), str(out)],
         capture_output=True,
         text=True,
         check=False,
