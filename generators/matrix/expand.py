@@ -15,7 +15,7 @@ from typing import Any
 
 from generators.core.errors import InputError
 from generators.matrix.load import Leaf, Matrix
-from generators.matrix.schema import REQUIRED, RUN_FIELDS, Run
+from generators.matrix.schema import DEFAULT_IMAGE, REQUIRED, RUN_FIELDS, Run, cluster_image
 
 
 def expand(matrix: Matrix) -> list[Run]:
@@ -72,6 +72,11 @@ def _run(matrix: Matrix, leaves: Mapping[str, Leaf], entry_key: str, entry_line:
                 key=f"{entry_key}.{name}",
                 fix=f"set {name} in defaults, in an axis or in this entry",
             )
+    cluster = matrix.clusters.get(fields.get("cluster", ""))
+    if cluster is not None:
+        # The image from the cluster's registry (its region's by default), resolved before the run's
+        # name is hashed: a cluster in another region runs (and names) the image it pulls.
+        fields["image"] = cluster_image(fields.get("image", DEFAULT_IMAGE), cluster.region, cluster.registry)
     trainer: dict[str, Any] = {}
     for path, leaf in leaves.items():
         if path.startswith("trainer."):

@@ -81,6 +81,9 @@ _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d+$")
 _RESERVATION = re.compile(r"^cr-[0-9a-f]{8,17}$")
+# A registry host (with an optional port), as the first part of an image reference.
+_LABEL = r"[a-z0-9]([a-z0-9-]*[a-z0-9])?"
+_REGISTRY = re.compile(rf"({_LABEL}(\.{_LABEL})+|localhost)(:[0-9]{{1,5}})?")
 _K8S_VERSION = re.compile(r"^1\.\d+$")
 _GIT_URL = re.compile(r"^(https://|ssh://)\S+$")
 # What `git check-ref-format --branch` refuses, so Flux never fails on the name later.
@@ -281,6 +284,14 @@ def _parse_cluster(file: str, name: str, data: Any, line: int, now: dt.datetime)
         kueue = False  # the default on a trainjob cluster, for the reason above
     if f["capacity_block_end"]:
         check_block_end(file, data, prefix, f["capacity_block_end"], f["capacity_blocks"], now)
+    if f["registry"] and not _REGISTRY.fullmatch(f["registry"]):
+        raise _err(
+            file,
+            data.key_lines["registry"],
+            f"{prefix}.registry",
+            f"{f['registry']!r} is not a registry host",
+            "write the host alone, without scheme or path, e.g. 111122223333.dkr.ecr.eu-west-1.amazonaws.com",
+        )
     if not _K8S_VERSION.match(f["kubernetes_version"]):
         raise _err(
             file,
@@ -321,6 +332,7 @@ def _parse_cluster(file: str, name: str, data: Any, line: int, now: dt.datetime)
         capacity_blocks=f["capacity_blocks"],
         job_api=f["job_api"],
         capacity_block_end=f["capacity_block_end"],
+        registry=f["registry"],
         lines={"name": line, **data.key_lines},
     )
 

@@ -28,6 +28,35 @@ TransportCheck = Literal["fail", "warn", "off"]
 # equal). Part of the run's configuration hash like every run field, so a new image never changes a
 # running job: it reaches the runs that name it (docs/operations.md, new images).
 DEFAULT_IMAGE = "111122223333.dkr.ecr.us-west-2.amazonaws.com/fsdp-gitops/trainer:0.1.0"
+# The registry of DEFAULT_IMAGE (and of the image of base/data-staging and base/preflight): an ECR
+# registry, one per region. A run that sets no image takes DEFAULT_IMAGE from the registry of its
+# cluster's region, so no cluster pulls a multi-GB image across regions.
+DEFAULT_REGISTRY = DEFAULT_IMAGE.split("/", 1)[0]
+
+
+def ecr_registry(region: str, registry: str = DEFAULT_REGISTRY) -> str:
+    """`registry` (an ECR registry host) moved to `region`; any other registry as it is."""
+    account, sep, rest = registry.partition(".dkr.ecr.")
+    return f"{account}.dkr.ecr.{region}.amazonaws.com" if sep and rest.endswith(".amazonaws.com") else registry
+
+
+def with_registry(image: str, registry: str) -> str:
+    """`image` pulled from `registry`: the same repository path and tag (or digest)."""
+    first, sep, rest = image.partition("/")
+    has_host = sep and ("." in first or ":" in first or first == "localhost")
+    return f"{registry}/{rest if has_host else image}"
+
+
+def cluster_image(image: str, region: str, registry: str) -> str:
+    """The image a cluster's pods pull for `image` (DEFAULT_IMAGE or any image of its registry): from
+    the cluster's `registry` when it names one, else from DEFAULT_REGISTRY moved to its region."""
+    if registry:
+        return with_registry(image, registry)
+    if image.split("/", 1)[0] == DEFAULT_REGISTRY:
+        return with_registry(image, ecr_registry(region))
+    return image
+
+
 # The job API a cluster's runs are written for: the Kubeflow Training Operator's PyTorchJob (v1,
 # kubeflow.org) or Kubeflow Trainer v2's TrainJob (trainer.kubeflow.org, on JobSet); docs/job-api.md.
 JobApi = Literal["pytorchjob", "trainjob"]
@@ -155,6 +184,7 @@ CLUSTER_FIELDS: dict[str, tuple[Any, Any]] = {
     "capacity_blocks": (bool, False),
     "job_api": (str, "pytorchjob"),
     "capacity_block_end": (str, ""),
+    "registry": (str, ""),
 }
 
 
@@ -198,9 +228,23 @@ class Cluster:
     # when none. Runs checkpoint and stop before it (trainer/capacity_block.py), through ConfigMap
     # fsdp-capacity-block, so changing it never rewrites a job.
     capacity_block_end: str = ""
+    # Registry the cluster's pods pull the trainer image from (a host, e.g.
+    # 222233334444.dkr.ecr.eu-west-1.amazonaws.com): every run's image and the staging and pre-flight
+    # Jobs' image, with the same repository path and tag. "": the default image's ECR registry in the
+    # cluster's region; images of other registries as written.
+    registry: str = ""
     # 1-based matrix line of each field that the matrix sets (and of the cluster's own key under
     # "name"), for errors raised after loading.
     lines: Mapping[str, int] = field(default_factory=dict, compare=False)
+
+
+def base_image_override(cluster: Cluster) -> list[dict[str, str]]:
+    """kustomize `images:` that moves the trainer image of base/data-staging and base/preflight to the
+    cluster's registry (the tag stays the base's, which image automation updates); [] when it is the
+    same."""
+    name = DEFAULT_IMAGE.rsplit(":", 1)[0]
+    moved = cluster_image(name, cluster.region, cluster.registry)
+    return [{"name": name, "newName": moved}] if moved != name else []
 
 
 @lru_cache(maxsize=1)

@@ -22,6 +22,7 @@ import posixpath
 from typing import Any
 
 from generators.core.writer import JsonPatch
+from generators.matrix.schema import base_image_override
 from generators.plan import ClusterPlan
 from generators.render.layout import Layout
 from generators.render.runs import SHARED_DATA_ROOT, data_marker
@@ -95,6 +96,7 @@ def render_data(plan: ClusterPlan, layout: Layout) -> dict[str, Any]:
             "kind": "Kustomization",
             "namespace": plan.cluster.namespace,
             "resources": [layout.to_repo(f"{top}/{name}", DATA_BASE)],
+            **({"images": moved} if (moved := base_image_override(plan.cluster)) else {}),
             "patches": [
                 {
                     "path": "job.data.yaml",
