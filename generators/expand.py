@@ -12,6 +12,8 @@
 The plan document is the --plan table of the matrix as a generated Markdown file, kept current by
 --check like the overlays; it lives outside overlays/, which holds only what Flux applies. Each of
 the two output directories is written all or nothing (generators/core/outdir.py), the overlays first.
+An output folder belongs to one matrix (its record names it): another matrix, a folder inside another
+output, or one folder for both --out and --plan-out is refused before anything is written.
 
 Bad input (the matrix or the options) prints one line on stderr naming the file, line, key and fix,
 and exits 2 without touching the output directory; other failures exit 1. The matrix format is

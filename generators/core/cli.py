@@ -83,12 +83,8 @@ def matrix_label(path: str, repo_root: Path) -> str:
     return label
 
 
-def display(path: Path) -> str:
-    """A path as the user would type it: relative to the working directory when below it."""
-    try:
-        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
-    except ValueError:
-        return str(path)
+# A path as the user would type it (relative to the working directory when below it).
+display = outdir.display
 
 
 def output_dir(out: str | None, default: Path, repo_root: Path, option: str = "--out") -> Path:

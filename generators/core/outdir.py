@@ -199,6 +199,14 @@ def _records_in(folder: Path) -> list[_Record]:
     return records
 
 
+def display(path: Path) -> str:
+    """A path as the user would type it: relative to the working directory when below it."""
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
 def _show(base: str, rel: str) -> str:
     return rel if base in ("", ".") else f"{base.rstrip('/')}/{rel}"
 
@@ -222,10 +230,11 @@ def _refuse_inside_another(out_dir: Path, key: str) -> None:
         for record in _records_in(ancestor):
             inside = sorted(f for f in record.files if f.startswith(rel + "/"))
             if inside:
+                where = display(ancestor)
                 raise InputError(
-                    f"is inside {record.says()} in {ancestor} ({record.path.name} lists {ancestor / inside[0]})",
+                    f"is inside {record.says()} in {where} ({record.path.name} lists {_show(where, inside[0])})",
                     key=key,
-                    fix=f"choose a folder outside {ancestor}, or write {ancestor} itself",
+                    fix=f"choose a folder outside {where}, or write {where} itself",
                 )
 
 
@@ -233,7 +242,8 @@ def _check_identity(
     record: _Record, owner: Owner, existing: Mapping[str, Path], expected: Mapping[str, bytes], banner: bytes, key: str
 ) -> None:
     """Refuse a record of this generator that says another output or another matrix."""
-    fix = f"pass {key.split()[0]} another folder (a new one, or this output's own), or remove the folder"
+    option, label = key.split(" ", 1)
+    fix = f"pass {option} <another folder>, or remove {label} first to write it from {owner.matrix}"
     header = record.header
     if header:
         if header.get("output") != owner.output or header.get("matrix") != owner.matrix:
@@ -326,7 +336,7 @@ def owned_files(
                 raise InputError(
                     f"holds {rel}, generated from {named}, not from {owner.label}",
                     key=key,
-                    fix=f"pass {option} another folder (a new one, or this output's own), or remove the folder",
+                    fix=f"pass {option} <another folder>, or remove {label} first to write it from {owner.matrix}",
                 )
         # Files another output's record lists belong to that output, even when this generator wrote them.
         owned = {rel for rel, path in existing.items() if rel not in listed and _has_banner(path, banner)}
