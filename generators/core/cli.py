@@ -18,7 +18,7 @@ from typing import IO, Any
 
 import click
 
-from generators.core import checkout, outdir, writer
+from generators.core import checkout, outdir, records, writer
 from generators.core.errors import InputError, ToolError
 
 EXIT_BAD_INPUT = 2
@@ -84,18 +84,18 @@ def matrix_label(path: str, repo_root: Path) -> str:
 
 
 # A path as the user would type it (relative to the working directory when below it).
-display = outdir.display
+display = records.display
 
 
 def output_dir(out: str | None, default: Path, repo_root: Path, option: str = "--out") -> Path:
     """The `option` directory (--out, --plan-out); a file, a path below one, or a directory that holds
     the repository, is bad input."""
     out_dir = Path(out) if out is not None else default
-    outdir.check_target(out_dir, repo_root, out if out is not None else display(out_dir), option)
+    records.check_target(out_dir, repo_root, out if out is not None else display(out_dir), option)
     return out_dir
 
 
-def owner(output: str, matrix: str, repo_root: Path) -> outdir.Owner:
+def owner(output: str, matrix: str, repo_root: Path) -> records.Owner:
     """Who writes an output: `output` (what the folder holds, e.g. "overlays") from the matrix file
     `matrix`, named relative to the repository when inside it, else by its absolute path."""
     full = Path(matrix).resolve()
@@ -103,7 +103,7 @@ def owner(output: str, matrix: str, repo_root: Path) -> outdir.Owner:
         record = full.relative_to(repo_root.resolve()).as_posix()
     except ValueError:
         record = str(full)
-    return outdir.Owner(output=output, matrix=record, label=matrix_label(matrix, repo_root))
+    return records.Owner(output=output, matrix=record, label=matrix_label(matrix, repo_root))
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ class Output:
     directory: Path
     files: Mapping[str, bytes]
     option: str = "--out"  # the option that names the directory (for messages)
-    owner: outdir.Owner | None = None  # the header of its record (None: a record without one)
+    owner: records.Owner | None = None  # the header of its record (None: a record without one)
 
 
 def _refuse_overlapping(targets: Sequence[Output]) -> None:
@@ -138,7 +138,7 @@ def sync(
     generator: str,
     rerun: str,
     what: str,
-    owner: outdir.Owner | None = None,
+    owner: records.Owner | None = None,
     more: Sequence[Output] = (),
 ) -> None:
     """Compare (--check: Failure naming each file that would change) or write the generated files.
