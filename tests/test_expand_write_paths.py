@@ -260,9 +260,9 @@ MOUNT_SCRIPT = textwrap.dedent(
     expand, matrix, out, kind = sys.argv[1:5]
     out_p = pathlib.Path(out)
 
-    def tree():
+    def tree():  # the output (at a mount point its lock is a hidden file inside, not part of it)
         return {p.relative_to(out_p).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-                for p in sorted(out_p.rglob("*")) if p.is_file()}
+                for p in sorted(out_p.rglob("*")) if p.is_file() and p.name != ".fsdp-gitops.lock"}
 
     def gen(*extra):
         r = subprocess.run([sys.executable, expand, matrix, "--out", out, *extra], capture_output=True, text=True)
@@ -283,13 +283,20 @@ MOUNT_SCRIPT = textwrap.dedent(
         result[name + "-tree"] = tree()
 
     result = {}
-    if kind == "tmpfs":
-        subprocess.run(["mount", "-t", "tmpfs", "tmpfs", out], check=True)
-    else:
+    parent = str(out_p.parent)
+    if kind == "read-only-parent":  # a container's volume below a read-only root
+        subprocess.run(["mount", "--bind", parent, parent], check=True)
+        subprocess.run(["mount", "-o", "remount,bind,ro", parent], check=True)
+    if kind == "bind":
         subprocess.run(["mount", "--bind", out, out], check=True)
+    else:
+        subprocess.run(["mount", "-t", "tmpfs", "tmpfs", out], check=True)
     sequence("mounted")
     result["leftovers"] = sorted(p.name for p in out_p.iterdir() if "writing" in p.name or "replaced" in p.name)
+    result["beside"] = sorted(p.name for p in out_p.parent.iterdir())
     subprocess.run(["umount", out], check=True)
+    if kind == "read-only-parent":
+        subprocess.run(["umount", parent], check=True)
     subprocess.run(["rm", "-rf", out], check=True)
     out_p.mkdir()
     sequence("plain")
@@ -298,15 +305,15 @@ MOUNT_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("kind", ["tmpfs", "bind"])
+@pytest.mark.parametrize("kind", ["tmpfs", "bind", "read-only-parent"])
 def test_a_mount_point_as_out_is_written(checkout, tmp_path, kind):
     """A mount point cannot be renamed: the generator swaps its entries instead (in a private mount
     namespace of this test, never the machine's)."""
     assert os.geteuid() == 0 and shutil.which("unshare"), (
         "this test mounts a tmpfs in a private mount namespace: run it as root with unshare (util-linux)"
     )
-    out = tmp_path / "mnt"
-    out.mkdir()
+    out = tmp_path / "volumes" / "mnt"
+    out.mkdir(parents=True)
     m = tmp_path / "m.yaml"
     m.write_text(OTHER_MATRIX)
     script = tmp_path / "mount_write.py"
@@ -325,7 +332,7 @@ def test_a_mount_point_as_out_is_written(checkout, tmp_path, kind):
         for step in (name + "-first", name, name + "-check"):
             assert got[step][0] == 0, (step, got[step])
         assert "0 stale deleted" not in got[name][1], got[name]
-    assert got["leftovers"] == []
+    assert got["leftovers"] == [] and got["beside"] == ["mnt"]  # nothing written beside the mount point
     assert got["mounted-tree"]["NOTES.md"] == hashlib.sha256(b"mine\n").hexdigest()
     # The tree written at the mount point is the one a plain folder gets.
     assert got["mounted-tree"] == got["plain-tree"]
@@ -355,10 +362,11 @@ KILL_SCRIPT = textwrap.dedent(
         "expand.main()",
     ])
 
-    def tree():  # the output, without the hidden folder of a write in progress
+    def tree():  # the output, without the lock and the hidden folder of a write in progress
         return {p.relative_to(out_p).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
                 for p in sorted(out_p.rglob("*"))
-                if p.is_file() and not p.relative_to(out_p).parts[0].startswith(".fsdp-gitops.writing-")}
+                if p.is_file() and p.name != ".fsdp-gitops.lock"
+                and not p.relative_to(out_p).parts[0].startswith(".fsdp-gitops.writing-")}
 
     data_line = "    data: {path: /shared/data/samsum/train.jsonl}\\n"
     base = m.read_text()

@@ -17,7 +17,8 @@ not change, such as a file system's lost+found, stay as they are). Before the fi
 the record is replaced by one listing the old and the new files, so a write killed between two
 exchanges leaves a mix of old and new entries that the next write owns completely and repairs; the
 hidden folder it left is removed then. So at a mount point each top-level entry is old or new, and
-the whole is exactly old or new again after the next successful write.
+the whole is exactly old or new again after the next successful write. Its lock is a hidden file
+inside it (`.fsdp-gitops.lock`, never part of the output), so a read-only parent does not matter.
 """
 
 from __future__ import annotations
@@ -94,6 +95,8 @@ def _lock_path(out_dir: Path) -> Path:
     for d in (out_dir, *out_dir.parents):
         if (d / ".git").is_dir():
             return d / ".git" / "fsdp-gitops-generators.lock"
+    if out_dir.is_dir() and _is_mount_point(out_dir):
+        return out_dir / LOCK_SUFFIX  # a mount point's parent may be read-only (a container's /)
     return out_dir.parent / f".{out_dir.name}{LOCK_SUFFIX}"
 
 
