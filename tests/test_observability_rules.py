@@ -14,6 +14,7 @@ import json
 import re
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from prometheus_client import CollectorRegistry
 from support import REPO_ROOT
 
 from tools.cluster.build import binary
-from trainer.metrics import TrainerCollector
+from trainer.metrics import EFA_COUNTERS, TrainerCollector
 
 MONITORING = REPO_ROOT / "base" / "monitoring"
 RULES = MONITORING / "configs" / "prometheusrule-fsdp.yaml"
@@ -120,12 +121,20 @@ def upstream_dcgm_fields() -> set[str]:
 
 
 def trainer_metric_names() -> set[str]:
-    """Every series name the trainer's collector emits once it has a record (from the code itself)."""
-    collector = TrainerCollector({"model": "tiny"}, job_wide=True, node_ranks=1)
-    collector.update({**{key: 1.0 for key in TrainerCollector.JOB_GAUGES}, "peak_mem_gib": 1.0}, 1)
-    registry = CollectorRegistry()
-    registry.register(collector)
-    return {s.name for family in registry.collect() for s in family.samples}
+    """Every series name the trainer's collector emits on global rank 0 of a node with EFA, once it has
+    a record, a progress deadline and a complete checkpoint (from the code itself)."""
+    with tempfile.TemporaryDirectory() as sysfs:
+        counters = Path(sysfs) / "rdmap0s0" / "ports" / "1" / "hw_counters"
+        counters.mkdir(parents=True)
+        for name, _, _ in EFA_COUNTERS:
+            (counters / name).write_text("1\n")
+        collector = TrainerCollector({"model": "tiny"}, job_wide=True, node_ranks=1, infiniband=Path(sysfs))
+        collector.update({**{key: 1.0 for key in TrainerCollector.JOB_GAUGES}, "peak_mem_gib": 1.0}, 1)
+        collector.deadline = 1.0
+        collector.checkpoint = {key: 1.0 for key in TrainerCollector.CHECKPOINT_GAUGES}
+        registry = CollectorRegistry()
+        registry.register(collector)
+        return {s.name for family in registry.collect() for s in family.samples}
 
 
 def known_metrics() -> set[str]:
@@ -207,10 +216,12 @@ def test_exporter_fields_are_upstream_dcgm_exporter_fields():
     assert {"DCGM_FI_DEV_THERMAL_VIOLATION", "DCGM_FI_DEV_POWER_VIOLATION", "DCGM_FI_DEV_GPU_UTIL"} <= enabled
 
 
-def test_trainer_serves_no_created_series_and_one_counter():
+def test_trainer_serves_no_created_series_and_three_counters():
     names = trainer_metric_names()
     assert not {n for n in names if n.endswith("_created")}
-    assert "fsdp_tokens_total" in names and "fsdp_total_steps" in names
+    assert {"fsdp_tokens_total", "fsdp_efa_transmit_bytes_total", "fsdp_efa_receive_bytes_total"} <= names
+    # The optional families are in the list the checks compare with (the hang alert reads the first).
+    assert {"fsdp_progress_deadline_timestamp_seconds", "fsdp_checkpoint_stall_seconds", "fsdp_total_steps"} <= names
 
 
 def test_every_alert_has_a_firing_and_a_silent_unit_test():
@@ -226,6 +237,7 @@ def test_every_alert_has_a_firing_and_a_silent_unit_test():
         "FsdpGpuIdleInActiveRun",
         "FsdpThroughputDrop",
         "FsdpTrainerMetricsMissing",
+        "FsdpTrainingHung",
         "FsdpNcclPreflightFailed",
         "FsdpNcclPreflightNotRun",
         "FsdpGpuNodeUnhealthy",
@@ -263,14 +275,28 @@ def test_alerts_fire_and_stay_silent_in_promtool_unit_tests(tmp_path):
     assert "SUCCESS" in proc.stdout
 
 
+# Each broken rule misses a case of its unit test: a threshold too high (the 60% power throttling
+# goes unseen), the deadline read the wrong way round (fires on every run not yet due).
+BROKEN_RULES = {
+    "FsdpGpuPowerThrottling": ("> 0.5", "> 0.7"),
+    "FsdpTrainingHung": (
+        'time() - fsdp_progress_deadline_timestamp_seconds{job="fsdp-trainer"}',
+        'fsdp_progress_deadline_timestamp_seconds{job="fsdp-trainer"} - time()',
+    ),
+}
+
+
 @pytest.mark.cluster
-def test_unit_tests_catch_a_wrong_threshold(tmp_path):
+@pytest.mark.parametrize("alert", sorted(BROKEN_RULES))
+def test_unit_tests_catch_a_broken_rule(tmp_path, alert):
+    old, new = BROKEN_RULES[alert]
     groups = rule_groups()
     for group in groups:
         for rule in group["rules"]:
-            if rule.get("alert") == "FsdpGpuPowerThrottling":
-                rule["expr"] = rule["expr"].replace("> 0.5", "> 0.7")  # would miss the 60% case
+            if rule.get("alert") == alert:
+                assert old in rule["expr"]
+                rule["expr"] = rule["expr"].replace(old, new)
     shutil.copy(UNIT_TESTS, tmp_path / UNIT_TESTS.name)
     write_rules(tmp_path, groups)
     proc = promtool("test", "rules", UNIT_TESTS.name, cwd=tmp_path)
-    assert proc.returncode != 0 and "FsdpGpuPowerThrottling" in proc.stdout + proc.stderr
+    assert proc.returncode != 0 and f"alertname: {alert}" in proc.stdout + proc.stderr
