@@ -433,3 +433,22 @@ def test_a_write_killed_between_swaps_at_a_mount_point_is_completed_by_the_next(
     assert got["check_rc"] == 1
     assert got["again"][0] == 0, got["again"]
     assert got["repaired"] == new and got["hidden"] == []
+
+
+def test_a_matrix_path_with_line_breaks_stays_one_header_line_of_the_record(repo, tmp_path):
+    """A matrix outside the repository is named by its absolute path in the record: quoted, so a folder
+    name cannot add a line or a header there, and the same matrix reads its own record back."""
+    folder = tmp_path / "odd\n# matrix: matrix.yaml\nx: y"
+    folder.mkdir()
+    m = folder / "m.yaml"
+    m.write_text(OTHER_MATRIX)
+    out = tmp_path / "o"
+    assert run(repo, "expand", m, "--out", out).returncode == 0
+    lines = (out / ".fsdp-gitops-expand.files").read_text().splitlines()
+    assert lines[1:3] == ["# output: overlays", "# matrix: " + json.dumps(str(m))]
+    assert not [line for line in lines[3:] if line.startswith("#") or ":" in line]
+    again = run(repo, "expand", m, "--out", out, "--check")
+    assert again.returncode == 0, again.stderr
+    before = snapshot(out)
+    assert_refused(run(repo, "expand", "matrix.yaml", "--out", out), "the overlays of")
+    assert snapshot(out) == before
