@@ -3,8 +3,9 @@
 Per run, in seconds (P parameters, S the shard group, W the world size; GB = 10^9 bytes):
 
 start         POD_START_S (scheduling, a GPU node's launch and join, the device plugins) plus the
-              trainer image pulled onto each node, IMAGE_GB at IMAGE_PULL_GB_S (the nodes pull at
-              once). Assumptions: not measured here.
+              trainer image pulled onto each node (the nodes pull at once): IMAGE_GB at
+              IMAGE_PULL_GB_S, or IMAGE_WRITES x IMAGE_GB at the root volume's provisioned throughput
+              (GPU_ROOT_VOLUME_MIB_S) where that is slower (image_pull_s). Assumptions: not measured here.
 model load    the weights (2 P bytes of bf16 safetensors) downloaded from the Hugging Face hub once
               per cluster into the shared volume's cache, at HF_DOWNLOAD_GB_S, by the first run of
               the model on the cluster (matrix order); then every run reads them: each rank its rows
@@ -57,10 +58,29 @@ POD_START_SOURCE = (
 )
 IMAGE_GB = 12.0
 IMAGE_PULL_GB_S = 0.2
+# The GPU nodes' root volume, where containerd keeps images (generators/render/provisioning.py
+# provisions it so): gp3 with this throughput and IOPS instead of gp3's default 125 MiB/s and 3,000 IOPS,
+# at which writing the pulled layers and their unpacked copy took longer than the pull itself.
+GPU_ROOT_VOLUME_MIB_S = 1000
+GPU_ROOT_VOLUME_IOPS = 16000
+GP3_DEFAULT_MIB_S = 125
+# containerd writes each layer twice: the compressed blob into its content store and the unpacked files
+# into the snapshot (the unpacked size counted for both, a bound).
+IMAGE_WRITES = 2.0
 IMAGE_SOURCE = (
     "an assumption: the trainer image (CUDA 13 user space, torch 2.11 with its CUDA libraries, the EFA stack) "
-    "about 12 GB, pulled from ECR at 0.2 GB/s per node; not measured"
+    f"about 12 GB, pulled from ECR at 0.2 GB/s per node and written twice by containerd to the node's gp3 root "
+    f"volume at {GPU_ROOT_VOLUME_MIB_S} MiB/s, whichever is slower; not measured"
 )
+
+
+def image_pull_s(volume_mib_s: float = GPU_ROOT_VOLUME_MIB_S) -> float:
+    """Seconds to pull the trainer image onto a node whose root volume writes `volume_mib_s`: the slower of
+    the registry's rate and containerd's writes."""
+    disk_gb_s = volume_mib_s * 1024**2 / GB
+    return max(IMAGE_GB / IMAGE_PULL_GB_S, IMAGE_WRITES * IMAGE_GB / disk_gb_s)
+
+
 # model load and data staging.
 HF_DOWNLOAD_GB_S = 0.1
 HF_SOURCE = "an assumption: the Hugging Face hub at 0.1 GB/s into the shared volume; not measured"
@@ -268,7 +288,7 @@ def overheads(
     need the model's weights / its dataset."""
     volume = shared_volume_gb_s(shared_storage_gib)
     weights_gb = 2 * arch.num_params / GB
-    start = POD_START_S + IMAGE_GB / IMAGE_PULL_GB_S
+    start = POD_START_S + image_pull_s()
     load = 0.0
     if cfg.model.path:
         load = max(weights_gb / shard / rates.load_gb_s, weights_gb * (world // shard) / volume)

@@ -60,6 +60,7 @@ from typing import Any
 from generators.core.errors import InputError
 from generators.matrix.schema import Cluster
 from generators.plan import ClusterPlan
+from generators.plan.overheads import GPU_ROOT_VOLUME_IOPS, GPU_ROOT_VOLUME_MIB_S
 from trainer.catalog import INSTANCE_TYPES
 
 EKSCTL_API = "eksctl.io/v1alpha5"
@@ -173,6 +174,10 @@ def gpu_nodegroup(cluster: Cluster, instance_type: str, max_size: int) -> dict[s
         "maxSize": max_size,
         "volumeSize": cluster.volume_size_gib,
         "volumeType": "gp3",
+        # Provisioned for image pulls: every run scales its nodes from zero and pulls a multi-GB image,
+        # which gp3's default 125 MiB/s writes slower than ECR serves it (the plan's start follows this).
+        "volumeThroughput": GPU_ROOT_VOLUME_MIB_S,
+        "volumeIOPS": GPU_ROOT_VOLUME_IOPS,
         "privateNetworking": True,
         "efaEnabled": True,
         "labels": {NODE_ROLE_LABEL: "gpu", ACCELERATOR_LABEL: accelerator_value(itype.gpu_model)},
