@@ -182,7 +182,15 @@ def sync(
         click.echo(f"{sum(len(t.files) for t in targets)} generated files {what} are up to date", err=True)
         return
     for t in targets:  # every output refused or accepted before the first is written
-        compare(t)
+        outdir.refuse(
+            t.directory,
+            t.files,
+            generator=generator,
+            banner=banner,
+            label=display(t.directory),
+            owner=t.owner,
+            option=t.option,
+        )
     for t in targets:
         shown = display(t.directory)
         try:

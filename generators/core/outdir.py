@@ -26,7 +26,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
-import functools
 import os
 import re
 import shutil
@@ -60,6 +59,21 @@ class Changes:
 
     def all(self) -> list[str]:
         return sorted(self.created + self.updated + self.deleted)
+
+
+def refuse(
+    out_dir: Path,
+    expected: Mapping[str, bytes],
+    *,
+    generator: str,
+    banner: bytes,
+    label: str = "",
+    owner: Owner | None = None,
+    option: str = "--out",
+) -> None:
+    """InputError where `write` would refuse (generators/core/records.py); reads records and banners,
+    never the whole of a file."""
+    owned_files(out_dir, generator, banner, label or str(out_dir), expected=expected, owner=owner, option=option)
 
 
 def compare(
@@ -265,18 +279,19 @@ def write(
     option: str = "--out",
 ) -> Changes:
     """Make out_dir hold `expected` (and the record) in one atomic step; returns what changed.
-    InputError, before anything is written, where the module docstring says the write is refused."""
+    InputError, before anything is written, where generators/core/records.py refuses the write."""
     label = label or str(out_dir)
-    check = functools.partial(
-        compare, expected=expected, generator=generator, banner=banner, label=label, owner=owner, option=option
-    )
-    check(out_dir)  # refuse before creating the parent folders or the lock
+    # Refused before the parent folders or the lock are created; again under the lock below.
+    refuse(out_dir, expected, generator=generator, banner=banner, label=label, owner=owner, option=option)
     out_dir = Path(os.path.realpath(out_dir))
     parent, name = out_dir.parent, out_dir.name
     parent.mkdir(parents=True, exist_ok=True)
     with _locked(out_dir, label):
         _remove_leftovers(parent, name)
-        changes = check(out_dir)  # again: another writer may have gone first
+        # Another writer may have gone first.
+        changes = compare(
+            out_dir, expected, generator=generator, banner=banner, label=label, owner=owner, option=option
+        )
         manifest = manifest_name(generator)
         files = {**expected, manifest: record_bytes(generator, expected, owner)}
         current = out_dir / manifest
