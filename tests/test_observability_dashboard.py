@@ -15,24 +15,30 @@ from __future__ import annotations
 import copy
 import json
 import re
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from support import REPO_ROOT
+from test_observability_prometheus import PrometheusAPI, short_for, wait_until
 from test_observability_rules import (
     DASHBOARD,
     DCGM_RELEASE,
     MONITORING,
+    RULES,
     exporter_dcgm_fields,
     metric_names,
     plain_promql,
     trainer_metric_names,
 )
+from trainer_support import free_port
 
+from tools.cluster.build import binary
 from tools.cluster.scrape import pod_monitor_configs
-from trainer.metrics import EFA_COUNTERS, TrainerCollector
+from trainer.metrics import EFA_COUNTERS, PrometheusExporter, TrainerCollector
 
 PODMONITOR = MONITORING / "configs" / "podmonitor-trainer.yaml"
 CONFIGS_KUSTOMIZATION = MONITORING / "configs" / "kustomization.yaml"
@@ -261,3 +267,109 @@ def test_the_dashboard_file_is_the_one_kustomize_packs():
     kustomization = yaml.safe_load(CONFIGS_KUSTOMIZATION.read_text())
     files = [f for gen in kustomization["configMapGenerator"] for f in gen["files"]]
     assert [REPO_ROOT / "base" / "monitoring" / "configs" / f for f in files] == [DASHBOARD]
+
+
+# A real Prometheus scraping the trainer's real collector.
+
+RECORD = {
+    "step": 40,
+    "total_steps": 1000,
+    "data_epoch": 1,
+    "loss": 2.5,
+    "lr": 3e-4,
+    "grad_norm": 1.25,
+    "tokens_per_s": 16000.0,
+    "tokens_per_s_per_gpu": 2000.0,
+    "mfu": 0.41,
+    "step_time_s": 2.0,
+    "padding_fraction": 0.02,
+    "world_size": 8,
+    "peak_mem_gib": 60.0,
+    "peak_mem_reserved_gib": 70.0,
+}
+
+
+@pytest.mark.cluster
+def test_trainer_panels_and_the_hang_alert_on_a_real_prometheus(tmp_path):
+    """Two runs' rank-0 endpoints (the trainer's PrometheusExporter, each with an EFA port whose byte
+    counters grow), scraped with the labels the PodMonitor gives a pod: every dashboard query over
+    trainer series returns both runs (or both nodes), and FsdpTrainingHung fires for the run whose
+    deadline has passed only."""
+    runs = {"r1": time.time() - 600, "r2": time.time() + 600}  # r1 past its deadline
+    exporters, counters = {}, {}
+    try:
+        for i, (run, deadline) in enumerate(runs.items()):
+            port = free_port()
+            exporter = PrometheusExporter(port, {"model": "tiny"}, job_wide=True, node_ranks=8)
+            exporters[run] = (exporter, port)
+            counters[run] = tmp_path / f"sysfs-{run}" / "rdmap0s0" / "ports" / "1" / "hw_counters"
+            counters[run].mkdir(parents=True)
+            exporter.collector.infiniband = counters[run].parents[3]
+            exporter.collector.deadline = deadline
+            exporter.collector.checkpoint = {"step": 20, "stall_s": 1.5 + i, "write_s": 30.0 + i}
+            exporter.update(RECORD, 1000)
+        (tmp_path / "rules.yaml").write_text(yaml.safe_dump(short_for(yaml.safe_load(RULES.read_text())["spec"])))
+        targets = [
+            {
+                "targets": [f"127.0.0.1:{port}"],
+                "labels": {"namespace": "fsdp", "pod": f"{run}-worker-0", "node": f"n{i}", "run": run},
+            }
+            for i, (run, (_, port)) in enumerate(exporters.items())
+        ]
+        config = {
+            "global": {"scrape_interval": "1s", "scrape_timeout": "800ms", "evaluation_interval": "1s"},
+            "rule_files": ["rules.yaml"],
+            "scrape_configs": [{"job_name": "fsdp-trainer", "static_configs": targets}],
+        }
+        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+        prom_port = free_port()
+        prometheus = subprocess.Popen(
+            [
+                str(binary("prometheus")),
+                f"--config.file={tmp_path / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{prom_port}",
+            ],
+            cwd=tmp_path,
+            stdout=(tmp_path / "prometheus.log").open("w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            api = PrometheusAPI(prom_port)
+            wait_until("Prometheus ready", api.ready, 60, (prometheus,))
+
+            def efa_moves() -> bool:
+                for n, folder in enumerate(counters.values()):
+                    for name, _, _ in EFA_COUNTERS:
+                        (folder / name).write_text(f"{int(time.time() * 1e9) * (n + 1)}\n")
+                return len(api.query("rate(fsdp_efa_transmit_bytes_total[1m]) > 0")) == 2
+
+            wait_until("two EFA counters that grow", efa_moves, 60, (prometheus,))
+            hung = wait_until("FsdpTrainingHung firing", lambda: api.firing("FsdpTrainingHung"), 60, (prometheus,))
+            assert [(a["labels"]["run"], a["labels"]["pod"], a["labels"]["job"]) for a in hung] == [
+                ("r1", "r1-worker-0", "fsdp-trainer")
+            ]
+            assert hung[0]["annotations"]["summary"].startswith("Run fsdp/r1 is hung: 10m ")
+            assert "SIGUSR1 dump in the log of pod r1-worker-0" in hung[0]["annotations"]["summary"]
+
+            trainer = trainer_metric_names()
+            checked = 0
+            for where, expr in expressions(load()):
+                if not metric_names(expr) & trainer or where.startswith("variable"):
+                    continue
+                result = api.query(expr)
+                assert result, f"{where}: {expr} returns nothing"
+                grouped = re.findall(r"\bby \(([^)]*)\)", expr)
+                key = "node" if grouped and grouped[0] == "node" else "run"
+                want = {"n0", "n1"} if key == "node" else set(runs)
+                assert {r["metric"].get(key) for r in result} == want, (where, expr, result)
+                assert all(float(r["value"][1]) > 0 for r in result), (where, expr, result)
+                checked += 1
+            assert checked >= 16  # every trainer target of the dashboard, the progress table's included
+        finally:
+            prometheus.kill()
+            prometheus.wait(timeout=30)
+    finally:
+        for exporter, _ in exporters.values():
+            exporter.close()
