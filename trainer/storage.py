@@ -44,11 +44,7 @@ import os
 import shutil
 from dataclasses import dataclass
 
-import torch
-import torch.distributed as dist
-
 from trainer.catalog import Architecture
-from trainer.checkpoint import TMP_PREFIX, complete_checkpoints
 from trainer.config import CheckpointConfig, ConfigError, TrainingConfig
 from trainer.memory import state_bytes_per_param
 
@@ -114,6 +110,10 @@ class Space:
 
 def measure(directory: str) -> Space:
     """The Space of `directory` (which need not exist yet), as it is on disk now."""
+    # torch only where the trainer measures: the generator's plan (generators/plan/footprint.py) sizes
+    # checkpoints with checkpoint_bytes and runs with click and PyYAML alone.
+    from trainer.checkpoint import TMP_PREFIX, complete_checkpoints
+
     free = shutil.disk_usage(_existing_ancestor(directory)).free
     if not os.path.isdir(directory):
         return Space(free)
@@ -164,10 +164,17 @@ def check_checkpoint_space(
     are enabled: rank 0 measures, the others take its answer over the CPU group)."""
     if not cfg.dir:
         return
+    import torch
+    import torch.distributed as dist
+
     answer: list[str | None] = [None]
     if dist.get_rank() == 0:
         size = checkpoint_bytes(arch, training.bf16_optimizer_state, world_size, cfg.writer_threads)
         answer[0] = space_problem(cfg, size, training.bf16_optimizer_state, measure(cfg.dir))
     dist.broadcast_object_list(answer, src=0, device=torch.device("cpu"))
     if answer[0] is not None:
+        # Leave the group together before the error ends the processes, as a finished run does: a
+        # rank that exits with it alive while a peer still holds it can abort (seen under load: exit -6).
+        dist.barrier()
+        dist.destroy_process_group()
         raise ConfigError("checkpoint.dir", answer[0])
