@@ -2,7 +2,7 @@
 
 `python generators/<command>.py` always runs the packages of the checkout the script is in (each
 command puts that checkout first on the import path). The console scripts (fsdp-expand, fsdp-cluster,
-fsdp-validate, fsdp-report) run the checkout installed with `pip install -e`; started inside another
+fsdp-validate, fsdp-report, fsdp-status) run the checkout installed with `pip install -e`; started inside another
 checkout of the repository they would read that checkout's matrix with the installed checkout's code
 and write into the installed checkout's overlays/, so they stop instead, in one line naming both.
 """
@@ -16,7 +16,7 @@ from generators.core.errors import InputError
 
 # The checkout (or installed tree) these modules were imported from.
 CODE_ROOT = Path(__file__).resolve().parents[2]
-CONSOLE_SCRIPTS = ("fsdp-expand", "fsdp-cluster", "fsdp-validate", "fsdp-report")
+CONSOLE_SCRIPTS = ("fsdp-expand", "fsdp-cluster", "fsdp-validate", "fsdp-report", "fsdp-status")
 
 
 def checkout_of(path: Path) -> Path | None:
