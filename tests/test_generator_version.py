@@ -12,7 +12,7 @@ from support import REPO_ROOT
 VERSION = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 
-@pytest.mark.parametrize("command", ["expand", "cluster", "validate", "report"])
+@pytest.mark.parametrize("command", ["expand", "cluster", "validate", "report", "status"])
 def test_every_command_prints_the_project_version(command):
     proc = subprocess.run(
         [sys.executable, f"generators/{command}.py", "--version"], cwd=REPO_ROOT, capture_output=True, text=True

@@ -2,7 +2,7 @@
 # Installs what fsdp-gitops needs, from package registries only (PyPI, the Go module proxy, Debian).
 #   bash tools/setup.sh        the generators' Python packages (click, PyYAML) and this repository's own
 #                              packages (generators, trainer) in editable mode, with the commands
-#                              fsdp-expand, fsdp-cluster, fsdp-validate, fsdp-report
+#                              fsdp-expand, fsdp-cluster, fsdp-validate, fsdp-report, fsdp-status
 #   bash tools/setup.sh test   also the trainer and test packages (torch, transformers, ...), the
 #                              pinned Go tools (kustomize, kubeconform, age, actionlint) into .tools/bin
 #                              and the Debian packages the real-pods level builds against
