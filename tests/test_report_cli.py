@@ -208,3 +208,18 @@ def test_bad_trainer_runs_name_the_file_line_and_key(tmp_path, monkeypatch):
         assert result.stderr.startswith(f"error: {expected}"), (run, result.stderr)
         assert len(result.stderr.splitlines()) == 1
         assert not Path("report").exists()
+
+
+def test_the_committed_scaling_chart_is_what_the_report_writes(tmp_path, cli, monkeypatch):
+    """docs/observability.md shows docs/generated/scaling/: the report over the committed benchmarks."""
+    inputs = ["benchmarks/results/h200x1-final.jsonl", "benchmarks/results/h200x2-llama2-7b.jsonl"]
+    out = tmp_path / "scaling"
+    monkeypatch.chdir(REPO_ROOT)  # the report names its inputs as given
+    result = cli(main, [*inputs, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    committed = REPO_ROOT / "docs" / "generated" / "scaling"
+    for name in ("report.md", "scaling.svg", "mfu.svg"):
+        assert (out / name).read_bytes() == (committed / name).read_bytes(), (
+            f"docs/generated/scaling/{name} is stale: run python generators/report.py {' '.join(inputs)} "
+            "--out docs/generated/scaling"
+        )

@@ -89,3 +89,64 @@ def test_figures_are_medians_of_the_logged_steps_after_warmup(run_dirs):
     assert two.tokens_per_s == pytest.approx(2 * two.tokens_per_s_per_gpu)
     assert two.efficiency == pytest.approx(two.tokens_per_s_per_gpu / one.tokens_per_s_per_gpu)
     assert math.isfinite(two.efficiency) and two.efficiency > 0
+
+
+def two_nodes_of_one(out: Path) -> list[subprocess.Popen]:
+    """A 2-node x 1-process run on this machine: two torchrun agents meeting through a c10d store."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    }
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")])))
+    procs = []
+    for node in (0, 1):
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=2",
+            "--nproc_per_node=1",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{port}",
+            "--rdzv-id=report-2x1",
+            f"--rdzv-conf=is_host={str(node == 0).lower()}",
+            "-m",
+            "trainer.train",
+            "--config",
+            "trainer/configs/tiny.yaml",
+            f"training.max_steps={STEPS}",
+            f"checkpoint.dir={out / 'ckpt'}",
+            f"metrics.output_dir={out / 'metrics'}",
+            "checkpoint.export_dir=",
+        ]
+        procs.append(
+            subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        )
+    return procs
+
+
+def test_one_node_of_two_and_two_nodes_of_one_are_separate_series(run_dirs, tmp_path, cli):
+    two_by_one = tmp_path / "n2x1"
+    for proc in two_nodes_of_one(two_by_one):
+        output, _ = proc.communicate(timeout=TIMEOUT_S)
+        assert proc.returncode == 0, output[-4000:]
+    out = tmp_path / "report"
+    inputs = [*map(str, run_dirs), str(two_by_one / "metrics")]
+    result = cli(main, [*inputs, "--out", str(out), "--warmup-logs", str(WARMUP_LOGS)])
+    assert result.exit_code == 0, result.output
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in result.stdout.splitlines()[2:]]
+    assert sorted((r[0], r[1]) for r in rows) == [
+        ("tiny FULL_SHARD, 1 GPU per node", "1"),  # 1 x 1
+        ("tiny FULL_SHARD, 1 GPU per node", "2"),  # 2 nodes x 1
+        ("tiny FULL_SHARD, 2 GPUs per node", "2"),  # 1 node x 2
+    ]
+    # The chart draws them apart too: a line of two points and one point, each in the legend.
+    svg = ET.parse(out / "scaling.svg").getroot()
+    texts = {t.text for t in svg.iter("{http://www.w3.org/2000/svg}text")}
+    assert {"tiny FULL_SHARD, 1 GPU per node", "tiny FULL_SHARD, 2 GPUs per node"} <= texts, texts

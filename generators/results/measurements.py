@@ -57,6 +57,8 @@ class Measurement:
     # The speed model's figure for this configuration (generators/plan/speed.py); None where it does
     # not apply (a CPU, the FSDP1 baseline).
     predicted_tokens_per_s_per_gpu: float | None = None
+    # GPUs (processes) per node where the source records it (a trainer run's run.json), else None.
+    local_world_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -320,6 +322,7 @@ def load_run(path: Path, label: str, warmup_logs: int) -> Measurement:
         note=f"median of {len(kept)} logged steps after {warmup_logs} warm-up logs per launch ({launches} launch(es))",
         configuration=configuration_of(info["config"]),
         predicted_tokens_per_s_per_gpu=predicted,
+        local_world_size=local if type(local) is int and local > 0 else None,
     )
 
 
@@ -361,7 +364,23 @@ def series_labels(measurements: Sequence[Measurement]) -> list[str]:
         mine = dict(m.configuration)
         fields = ", ".join(f"{name} {mine.get(name, '-')}" for name in differing)
         labels.append(f"{m.series} ({fields})" if differing else m.series)
-    return labels
+    # Where one series has a world size measured on two topologies (2 GPUs: 1 node x 2, or 2 nodes x 1),
+    # the GPUs per node split it: NVLink within a node and the network between nodes are different
+    # curves, and a median of the two would be neither.
+    topologies: dict[tuple[str, int], set[int | None]] = {}
+    for m, label in zip(measurements, labels, strict=True):
+        topologies.setdefault((label, m.world_size), set()).add(m.local_world_size)
+    split = {label for (label, _), locals_ in topologies.items() if len(locals_) > 1}
+    return [
+        f"{label}, {per_node(m.local_world_size)}" if label in split else label
+        for m, label in zip(measurements, labels, strict=True)
+    ]
+
+
+def per_node(local_world_size: int | None) -> str:
+    if local_world_size is None:
+        return "GPUs per node not recorded"
+    return f"{local_world_size} GPU{'s' if local_world_size != 1 else ''} per node"
 
 
 def summarise(measurements: Sequence[Measurement], baseline_world_size: int | None = None) -> list[Point]:
