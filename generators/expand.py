@@ -50,6 +50,7 @@ from generators.matrix import Matrix, Run, expand, load
 from generators.plan import ClusterPlan, Plan
 from generators.plan.compare import plan_output
 from generators.plan.estimate import plan_fitting as plan
+from generators.plan.footprint import check_footprints, overflow_error
 from generators.plan.table import FORMATS
 from generators.plan.window import overrun_warnings
 from generators.render import Layout, layout_for, render
@@ -153,6 +154,8 @@ def main(
     if list_runs:
         click.echo(format_table([p for cluster_plan in plans for p in cluster_plan.runs]))
         return
+    # Before anything is written: every cluster's shared volume holds its runs' checkpoints.
+    check_footprints(m, [p for cluster_plan in plans for p in cluster_plan.runs])
     layout: Layout = layout_for(out_dir, REPO_ROOT)
     manifests: dict[str, Any] = render(plans, layout)
     files: dict[str, bytes] = writer.serialize(manifests, label)
@@ -181,7 +184,7 @@ def main(
 
 def plan_document(matrix_file: str, label: str, m: Matrix, runs: list[Run]) -> str:
     """The plan document: the --plan table (every run fits here: plan() refused the matrix otherwise)."""
-    text, _ = plan_output(matrix_file, label, m, runs, None, None)
+    text, _, _ = plan_output(matrix_file, label, m, runs, None, None)
     return (
         f"# The plan of {label}\n\n"
         f"Written by `python {GENERATOR} {label}` and checked by its `--check`; what the figures are and how\n"
@@ -193,14 +196,17 @@ def print_plan(
     matrix_file: str, label: str, m: Matrix, runs: list[Run], base: str | None, prices: str | None, fmt: str
 ) -> None:
     """--plan: the plan (or its difference against REF, or its rows as `fmt` json or csv) on stdout;
-    refused runs make it exit 1."""
-    text, refused = plan_output(matrix_file, label, m, runs, base, prices, fmt)
+    refused runs and a shared volume the footprint overflows make it exit 1."""
+    text, refused, overflowing = plan_output(matrix_file, label, m, runs, base, prices, fmt)
     click.echo(text, nl=False)
+    problems = [str(overflow_error(m, fp)) for fp in overflowing]
     if refused:
-        raise Failure(
+        problems.append(
             f"{refused} run{'s' if refused != 1 else ''} cannot fit: each is refused above with "
             "the cheapest change that fixes it"
         )
+    if problems:
+        raise Failure("\n".join(problems))
 
 
 def format_table(plans: Sequence[Plan]) -> str:

@@ -24,7 +24,13 @@ summary goes to stdout; exit 1 when there is any problem, 2 on bad options (one 
    type, torchrun's processes per node, unique rendezvous ids and output directories, no privileged
    training pod, no `latest` or untagged image, no inline secret, no unencrypted Secret.
 
-6. With --server: every overlay Flux applies (under PATHS) is sent with `kubectl apply --dry-run=server
+6. The experiment matrix (matrix.yaml at the repository root, when the whole repository is validated or
+   the matrix is one of PATHS), planned as `expand.py` plans it: every cluster's shared volume must hold
+   what its runs keep there at the fullest (generators/plan/footprint.py). A matrix that overflows a
+   volume is refused before the other steps, in one line naming its shared_storage_gib, the largest runs
+   and the fix, exit 2.
+
+7. With --server: every overlay Flux applies (under PATHS) is sent with `kubectl apply --dry-run=server
    --server-side` to a real kube-apiserver with the pinned CRDs, started on loopback and stopped
    afterwards (tools/cluster/dryrun.py; the first run builds the API server: minutes). Problems are
    `<overlay path>: <the API server's message>`.
@@ -48,8 +54,12 @@ if not __package__:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from generators.core.cli import Failure, errors_to_exit_codes, version_option
+from generators.plan.footprint import check_matrix_file
 from generators.validation.pipeline import Report, repository_root, validate
 from generators.validation.schemas import CRD_SCHEMAS_ENV, K8S_VERSION, cluster_tools, default_crd_dir
+
+# The experiment matrix at the repository root (step 6).
+MATRIX = "matrix.yaml"
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -79,6 +89,9 @@ def main(crd_schemas: Path | None, k8s_version: str, server: bool, paths: tuple[
     """Validate the repository (or PATHS in it): YAML, kustomize builds, schemas, Flux graph, semantics."""
     root: Path = repository_root(paths, default=Path(__file__).resolve().parent.parent)
     rel = [os.path.relpath(p.resolve(), root) for p in paths]
+    matrix = root / MATRIX
+    if matrix.is_file() and (not paths or MATRIX in rel):
+        check_matrix_file(os.path.relpath(matrix))
     report: Report = validate(
         root, rel, crd_dir=(crd_schemas or default_crd_dir(root)).resolve(), k8s_version=k8s_version
     )

@@ -24,6 +24,8 @@ clusters:
     region: us-west-2
     availability_zones: [us-west-2a]
     instance_types: [p5.48xlarge]
+    # Room for a 70B run's checkpoints on the shared volume (generators/plan/footprint.py).
+    shared_storage_gib: 4800
   fsdp-one:
     region: us-west-2
     availability_zones: [us-west-2a]

@@ -66,7 +66,8 @@ def plan_table(output: str) -> dict[str, list[str]]:
     out = {}
     for line in output.splitlines():
         row = cells(line)
-        if re.fullmatch(r"llama[a-z0-9-]+-[0-9a-f]{6}( REFUSED)?", row[0]):
+        # The plan table's rows (the shared volume's table of the runs has other columns).
+        if re.fullmatch(r"llama[a-z0-9-]+-[0-9a-f]{6}( REFUSED)?", row[0]) and len(row) == len(header):
             out[row[0].split()[0].rsplit("-", 1)[0]] = dict(zip(header, row, strict=True))
     return out
 

@@ -17,6 +17,7 @@ import dataclasses
 import datetime as dt
 import math
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from generators.plan.estimate import (
     estimate_matrix,
     refusal_text,
 )
+from generators.plan.footprint import ClusterFootprint, cluster_footprints
 from generators.plan.table import PLAN_HEADER, plan_formatted, plan_markdown, plan_rows
 
 BASE_FIX = "pass a commit, branch or tag of this repository (e.g. origin/main; in CI fetch it first)"
@@ -153,7 +155,7 @@ def changed_rows(changes: tuple[Change, ...]) -> list[list[str]]:
     return out
 
 
-def diff_markdown(d: PlanDiff) -> str:
+def diff_markdown(d: PlanDiff, footprints: Sequence[ClusterFootprint] = ()) -> str:
     # A run the change makes unfit is no saving: it counts on neither side of the difference.
     unfit = {identity(c.new) for c in d.errors}
     n0, g0, c0 = _sum(tuple(r for r in d.old.runs if identity(r) not in unfit)) if d.old else (0, 0.0, 0.0)
@@ -193,7 +195,7 @@ def diff_markdown(d: PlanDiff) -> str:
         "",
         "<details><summary>The whole plan of this change</summary>",
         "",
-        plan_markdown(d.new).rstrip(),
+        plan_markdown(d.new, footprints).rstrip(),
         "",
         "</details>",
     ]
@@ -208,22 +210,25 @@ def plan_output(
     base: str | None,
     prices_file: str | None,
     fmt: str = "table",
-) -> tuple[str, int]:
+) -> tuple[str, int, tuple[ClusterFootprint, ...]]:
     """(the Markdown `expand.py --plan [--base REF]` prints, or its per-run table as `fmt` json or csv;
-    how many runs are refused); `label` names the matrix in the title (the banners' name for it: the
-    same text from any directory)."""
+    how many runs are refused; the clusters whose shared volume the footprint overflows); `label` names
+    the matrix in the title (the banners' name for it: the same text from any directory)."""
     prices = load_prices(prices_file, prices_file)
-    new = dataclasses.replace(
-        estimate_matrix(matrix, plan_runs(matrix, runs, reject_unfit=False), prices), matrix_file=label
-    )
+    plans = plan_runs(matrix, runs, reject_unfit=False)
+    new = dataclasses.replace(estimate_matrix(matrix, plans, prices), matrix_file=label)
+    # The shared volumes hold the runs that run: a refused one writes nothing.
+    refused = {r.name for r in new.refused}
+    footprints = cluster_footprints(matrix, [p for p in plans if p.name not in refused])
+    overflowing = tuple(fp for fp in footprints if not fp.fits)
     if fmt != "table":
-        return plan_formatted(new, fmt), len(new.refused)
+        return plan_formatted(new, fmt), len(new.refused), overflowing
     if base is None:
-        return plan_markdown(new), len(new.refused)
+        return plan_markdown(new, footprints), len(new.refused), overflowing
     label, text = matrix_at(base, matrix_file)
     old = None
     if text is not None:
         # The matrix as it was: its Capacity Block may have ended since, which concerns only the new one.
         before = load(label, text, now=dt.datetime.min.replace(tzinfo=dt.UTC))
         old = estimate_matrix(before, plan_runs(before, expand(before), reject_unfit=False), prices)
-    return diff_markdown(diff(base, old, new)), len(new.refused)
+    return diff_markdown(diff(base, old, new), footprints), len(new.refused), overflowing

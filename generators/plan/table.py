@@ -14,6 +14,7 @@ from typing import Any
 
 from generators.core.markdown import table
 from generators.plan.estimate import Figures, MatrixEstimate, RunEstimate, refusal_text
+from generators.plan.footprint import ClusterFootprint, footprint_markdown
 from generators.plan.overheads import Overheads
 from trainer.memory import HEADROOM_GIB
 
@@ -180,7 +181,9 @@ def totals(runs: Sequence[RunEstimate]) -> list[tuple[str, int, float, float, bo
     return [tuple(v) for v in out.values()]
 
 
-def plan_markdown(est: MatrixEstimate) -> str:
+def plan_markdown(est: MatrixEstimate, footprints: Sequence[ClusterFootprint] = ()) -> str:
+    """The plan; `footprints` (footprint.cluster_footprints of the runs that are not refused) adds each
+    cluster's shared volume under the totals."""
     lines = [
         f"### Plan: {est.matrix_file}, {len(est.runs)} runs",
         "",
@@ -200,6 +203,8 @@ def plan_markdown(est: MatrixEstimate) -> str:
             ],
         ),
     ]
+    if footprints:
+        lines += ["", footprint_markdown(footprints)]
     if est.refused:
         lines += ["", "Refused (they cannot fit):"]
         for r in est.refused:
