@@ -91,7 +91,14 @@ def compare(
     changes = Changes()
     existing = scan(Path(os.path.realpath(out_dir)))
     owned = owned_files(
-        out_dir, generator, banner, label or str(out_dir), expected=expected, owner=owner, option=option
+        out_dir,
+        generator,
+        banner,
+        label or str(out_dir),
+        expected=expected,
+        owner=owner,
+        option=option,
+        existing=existing,
     )
     for rel, data in expected.items():
         path = existing.get(rel)

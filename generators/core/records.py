@@ -87,18 +87,22 @@ def scan(out_dir: Path) -> dict[str, Path]:
     """Every regular file under out_dir (no symlinks followed), by posix relative path; the hidden
     folder of a write in progress at a mount point is not part of the output."""
     found: dict[str, Path] = {}
-    if not out_dir.is_dir():
-        return found
-    for root, dirs, names in os.walk(out_dir):
-        if root == str(out_dir):
-            dirs[:] = [d for d in dirs if not d.startswith(INSIDE_WRITING)]
-        dirs.sort()
-        rel_root = os.path.relpath(root, out_dir)
-        for name in names:
-            full = Path(root) / name
-            if full.is_symlink() or not full.is_file():
-                continue
-            found[name if rel_root == "." else f"{Path(rel_root).as_posix()}/{name}"] = full
+
+    def walk(folder: str, rel: str) -> None:
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:
+            return  # gone, or not to be read: as os.walk, nothing there
+        for entry in entries:
+            name = f"{rel}/{entry.name}" if rel else entry.name
+            if entry.is_dir(follow_symlinks=False):
+                if rel or not entry.name.startswith(INSIDE_WRITING):
+                    walk(entry.path, name)
+            elif entry.is_file(follow_symlinks=False):
+                found[name] = Path(entry.path)
+
+    if out_dir.is_dir():
+        walk(str(out_dir), "")
     return found
 
 
@@ -240,6 +244,7 @@ def owned_files(
     expected: Mapping[str, bytes] | None = None,
     owner: Owner | None = None,
     option: str = "--out",
+    existing: Mapping[str, Path] | None = None,
 ) -> set[str]:
     """The files under out_dir that `generator` owns (see the module docstring); InputError when the
     directory holds content it cannot account for, or when writing `expected` there would change
@@ -249,7 +254,7 @@ def owned_files(
     expected = expected or {}
     _refuse_non_folder(out_dir, key)
     _refuse_inside_another(out_dir, key)
-    existing = scan(out_dir)
+    existing = scan(out_dir) if existing is None else existing
     own_manifest = manifest_name(generator)
     manifests = {rel for rel in existing if _is_record(posixpath.basename(rel))}
     others = [_read_record(existing[m]) for m in sorted(manifests) if m != own_manifest]
