@@ -64,7 +64,9 @@ for stage in "$@"; do
       row default-fp8 80 train_bench "${m[@]}" --batch-size 2 --set parallelism.precision=fp8
       row torchtitan 80 titan_bench "${m[@]}" --batch-size 2 --checkpointing "${TITAN_8B_AC:-selective}"
       row torchtitan-fp8 80 titan_bench "${m[@]}" --batch-size 2 --precision fp8 --checkpointing "${TITAN_8B_AC:-selective}"
-      ;;
+      row fp8-batch4-bf16-moments 80 train_bench "${m[@]}" --batch-size 4 --set training.bf16_optimizer_state=true \
+        --set parallelism.precision=fp8
+      row batch3-bf16-moments 80 train_bench "${m[@]}" --batch-size 3 --set training.bf16_optimizer_state=true ;;
     parity)
       timeout $(($(left) - 5)) python3 benchmarks/fp8_parity.py --out "$out/parity" --steps "${PARITY_STEPS:-200}" \
         --variants bf16,fp8,fp8-rowwise 2>&1 | tee "$out/parity.log" | grep -vE "^\s*$" | tail -8

@@ -20,6 +20,12 @@ compute    t_c = T x (F_m / u_m + F_a / u_a) / peak. T = batch x seq_len x grad_
 optimizer  t_o = P / S x B / HBM bandwidth: the update is memory-bound. B = 36 bytes per parameter
            with fp32 AdamW moments (read parameter, gradient and both moments, write three, read the
            gradient again for the clipping norm and zero it), 28 with bf16 moments.
+parameters t_p = P x B_p / HBM bandwidth: what every step does to every parameter besides the update,
+           whatever the batch: FSDP's casts and copies of the gathered layers in forward and backward
+           and of the gradients it reduces, and with fp8 the float8 casts of the weights. B_p
+           (PARAMETER_PASS_BYTES) is fitted per precision to two batch sizes measured in one lease
+           (one H200; Llama-2-7B batch 2 and batch 3 or 4): without it the model credited a larger
+           batch with the optimizer's time alone and under-predicted batch 3-4 by 7-10%.
 traffic    bytes each GPU sends per step (d = 2 bytes bf16 parameters, 1 for fp8-gathered decoder
            weights; gradients reduced in fp32, 4 bytes; k micro-batches per step):
            FULL_SHARD     all-gather forward and backward, reduce-scatter:  (2k d + r 4) P (S-1)/S
@@ -33,7 +39,7 @@ links      a collective inside one node runs over NVLink (per direction, per GPU
            boundary once, so a node sends what one GPU sends; HYBRID_SHARD's replica all-reduces
            run once per local rank, so a node sends G times a GPU's share. Both at an achieved
            fraction of the line rate (NVLINK_EFFICIENCY, measured; NETWORK_EFFICIENCY).
-step       t = t_c + t_o + exposed. FSDP overlaps the collectives of one layer with the compute of
+step       t = t_c + t_o + t_p + exposed. FSDP overlaps the collectives of one layer with the compute of
            another: forward all-gathers under the forward (a third of the FLOPs that are not
            recomputation), backward all-gathers and reductions under the backward. Exposed is what
            does not fit under its part, plus t_comm / L (the first all-gather and the last
@@ -132,6 +138,7 @@ class Calibration:
     bf16_optimizer_state: bool
     tokens_per_s_per_gpu: float
     source: str  # results file and line (1-based)
+    fp8_recipe: str = "tensorwise"  # parallelism.fp8_recipe (fp8 only)
 
 
 CALIBRATION: tuple[Calibration, ...] = (
@@ -144,8 +151,8 @@ CALIBRATION: tuple[Calibration, ...] = (
         seq_len=4096,
         batch_size_per_gpu=2,
         bf16_optimizer_state=False,
-        tokens_per_s_per_gpu=11173.0,
-        source="benchmarks/results/h200x1-final.jsonl:2",
+        tokens_per_s_per_gpu=11096.0,
+        source="benchmarks/results/h200x1-perf-llama2-7b.jsonl:1",
     ),
     Calibration(
         gpu_model="H200",
@@ -192,8 +199,21 @@ CALIBRATION: tuple[Calibration, ...] = (
         seq_len=4096,
         batch_size_per_gpu=2,
         bf16_optimizer_state=False,
-        tokens_per_s_per_gpu=14576.0,
-        source="benchmarks/results/h200x1-fp8.jsonl:2",
+        tokens_per_s_per_gpu=14034.0,
+        source="benchmarks/results/h200x1-perf-llama2-7b.jsonl:3",
+    ),
+    Calibration(
+        gpu_model="H200",
+        precision="fp8",
+        compile=True,
+        checkpointing="none",
+        model="llama2-7b",
+        seq_len=4096,
+        batch_size_per_gpu=2,
+        bf16_optimizer_state=False,
+        tokens_per_s_per_gpu=12076.0,
+        source="benchmarks/results/h200x1-perf-llama2-7b.jsonl:5",
+        fp8_recipe="rowwise",
     ),
     Calibration(
         gpu_model="H200",
@@ -251,6 +271,23 @@ def optimizer_time_s(arch: Architecture, cfg: TrainConfig, shard: int, hw: Hardw
     return arch.num_params / shard * optimizer_bytes_per_param(cfg) / (hw.hbm_bytes_s * HBM_EFFICIENCY)
 
 
+# Bytes per parameter each step moves besides the update, whatever the batch (the `parameters` term
+# above). Fitted on one H200 in one lease (benchmarks/results/h200x1-perf-llama2-7b.jsonl): bf16 from
+# batch 2 (line 1) and batch 3 with bf16 moments (line 6), fp8 from batch 2 (line 3) and batch 4 with
+# bf16 moments (line 8). fp32 has not been measured at two batch sizes: the bf16 figure.
+PARAMETER_PASS_BYTES = {"bf16": 48.0, "fp8": 64.0, "fp32": 48.0}
+
+
+# Attention's utilisation relative to the weights' matrix multiplications in bf16 (u_a / u_m), fitted
+# to the sequence-length series (benchmarks/results/h200x1-seqlen.jsonl: 2,048 to 16,384 tokens,
+# where attention's share of the FLOPs grows fourfold) together with the batch series above.
+ATTENTION_RELATIVE = 0.65
+
+
+def parameter_pass_time_s(arch: Architecture, cfg: TrainConfig, hw: Hardware) -> float:
+    return arch.num_params * PARAMETER_PASS_BYTES[cfg.parallelism.precision] / (hw.hbm_bytes_s * HBM_EFFICIENCY)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Topology:
     """Where a run's GPUs are: nodes x GPUs per node, and the shard group of its strategy."""
@@ -286,12 +323,20 @@ class Speed:
 Utilisation = tuple[float, float]  # (u_m, u_a): weights' matrix multiplications, attention
 
 
-def utilisation(gpu: str, precision: str, compile_: bool, mode: str) -> tuple[Utilisation, str, tuple[str, ...]]:
+def utilisation(
+    gpu: str, precision: str, compile_: bool, mode: str, recipe: str = "tensorwise"
+) -> tuple[Utilisation, str, tuple[str, ...]]:
     """((u_m, u_a), where they come from, what is not measured) for these settings. Measured where
     CALIBRATION has them; otherwise the reference GPU's (a GPU not measured), and a precision or
     compile setting not measured with this checkpointing mode scales the mode's bf16 compiled figures
     by what that setting changes without checkpointing (fp8 on one H200: 1.4 times bf16's u_m)."""
-    by_key = {(c.gpu_model, c.precision, c.compile, c.checkpointing): c for c in CALIBRATION}
+
+    # fp8's scaling recipe is part of its precision cell ("fp8", "fp8 rowwise"); bf16 has none.
+    def cell(p: str, r: str) -> str:
+        return f"{p} {r}" if p == "fp8" and r != "tensorwise" else p
+
+    by_key = {(c.gpu_model, cell(c.precision, c.fp8_recipe), c.compile, c.checkpointing): c for c in CALIBRATION}
+    precision = cell(precision, recipe)
     notes: list[str] = []
     outside: list[str] = []
     measured_gpu = gpu if any(c.gpu_model == gpu for c in CALIBRATION) else REFERENCE_GPU
@@ -336,6 +381,7 @@ def utilisation_of(cal: Calibration) -> Utilisation:
                 "precision": cal.precision,
                 "compile": cal.compile,
                 "activation_checkpointing": cal.checkpointing,
+                **({"fp8_recipe": cal.fp8_recipe} if cal.precision == "fp8" else {}),
             },
         }
     )
@@ -344,13 +390,13 @@ def utilisation_of(cal: Calibration) -> Utilisation:
     peak = GPU_PEAK_FLOPS[cal.gpu_model]
     tokens = cal.batch_size_per_gpu * cal.seq_len
     step = tokens / cal.tokens_per_s_per_gpu
-    compute = step - optimizer_time_s(arch, cfg, 1, hw)
+    compute = step - optimizer_time_s(arch, cfg, 1, hw) - parameter_pass_time_s(arch, cfg, hw)
     every = cfg.parallelism.selective_ac_every
     matmul = tokens * matmul_flops_per_token(arch, cal.checkpointing, every)
     attention = tokens * attention_flops_per_token(arch, cal.seq_len, cal.checkpointing, every)
     if cal.precision == "bf16":
-        u = (matmul + attention) / (peak * compute)
-        return u, u
+        u = (matmul + attention / ATTENTION_RELATIVE) / (peak * compute)
+        return u, u * ATTENTION_RELATIVE
     u_a = utilisation(cal.gpu_model, "bf16", cal.compile, cal.checkpointing)[0][1]
     return matmul / (peak * (compute - attention / (peak * u_a))), u_a
 
@@ -406,7 +452,7 @@ def predict(arch: Architecture, cfg: TrainConfig, topo: Topology, hw: Hardware) 
     mode = par.activation_checkpointing
     if mode == "auto":
         raise ValueError("resolve activation_checkpointing 'auto' before predicting")
-    (u_m, u_a), basis, outside = utilisation(hw.gpu_model, par.precision, par.compile, mode)
+    (u_m, u_a), basis, outside = utilisation(hw.gpu_model, par.precision, par.compile, mode, par.fp8_recipe)
     tokens = tr.batch_size_per_gpu * cfg.data.seq_len * tr.grad_accum_steps
     every = par.selective_ac_every
     per_token = flops_per_token(arch, cfg.data.seq_len, mode, every)
@@ -422,7 +468,7 @@ def predict(arch: Architecture, cfg: TrainConfig, topo: Topology, hw: Hardware) 
         outside = outside + ("EFA network",)
     # Forward is a third of the FLOPs that are not recomputation; backward (with it) the rest.
     forward_share = flops_per_token(arch, cfg.data.seq_len, "none", 1) / 3 / per_token
-    optimizer = optimizer_time_s(arch, cfg, topo.shard, hw)
+    optimizer = optimizer_time_s(arch, cfg, topo.shard, hw) + parameter_pass_time_s(arch, cfg, hw)
     if topo.world > 1:
         forward, backward, comm = link_times_s(traffic_bytes(arch, cfg, topo), topo, hw, par.sharding_strategy)
     else:
