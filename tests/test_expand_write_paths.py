@@ -230,9 +230,13 @@ def test_a_path_at_or_below_a_regular_file_is_refused(repo, option, value):
     assert snapshot(repo) == before
 
 
-@pytest.mark.parametrize("name", ["a\nb.yaml", "a#b.yaml", "a: b.yaml", "a\n#b: c.yaml", "a-->b.yaml"])
+@pytest.mark.parametrize(
+    "name", ["a\nb.yaml", "a#b.yaml", "a: b.yaml", "a\n#b: c.yaml", "a-->b.yaml", "x: #y/m.yaml", "x\ny/m.yaml"]
+)
 def test_a_matrix_name_that_would_inject_into_a_banner_is_refused(repo, tmp_path, name):
+    """Banners name the matrix by its path in the repository (folders included), or its file name."""
     m = repo / name
+    m.parent.mkdir(exist_ok=True)
     m.write_text((repo / "matrix.yaml").read_text())
     out = tmp_path / "o"
     before = snapshot(repo)
