@@ -31,9 +31,10 @@ LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT, which are all the tra
 
 Exit status: 0 when done; 2 for a bad config or input, with one line `error: <key>: <message>` on
 stderr from rank 0 (config, topology and file checks run before torch is imported and before any
-process group exists; so does the refusal of fp8 on a GPU below SM 8.9, trainer/fp8.py; a checkpoint
-that cannot be written, e.g. on a full disk, or one saved with a configuration the run cannot
-continue, also ends with one line and status 2); 143 after SIGTERM
+process group exists; so does the refusal of fp8 on a GPU below SM 8.9, trainer/fp8.py, of a
+checkpoint.dir too small for the checkpoints it must hold, trainer/storage.py, and of a checkpoint saved
+with a configuration the run cannot continue); 202 with one line when a checkpoint cannot be written
+(e.g. a full disk: restartable, the last complete checkpoint is kept, trainer/checkpoint.py); 143 after SIGTERM
 (preemption, eviction, node drain): every rank finishes its step, the checkpoint is written, and
 all exit 143 so that the operator restarts the job (trainer/launch.py). Any other failure is a crash
 with a traceback. A restarted or re-launched job resumes from the newest loadable checkpoint in
