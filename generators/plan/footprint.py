@@ -309,6 +309,7 @@ FOOTPRINT_HEADER = (
     "fits",
 )
 RUN_HEADER = (
+    "cluster",
     "run",
     "checkpoint, GiB",
     "keep_last",
@@ -320,7 +321,8 @@ RUN_HEADER = (
 
 
 def footprint_markdown(footprints: Sequence[ClusterFootprint]) -> str:
-    """The plan's shared-volume section: a row per cluster, then a row per run."""
+    """The plan's shared-volume section: a row per cluster, then a row per run (its cluster first, so
+    that the plan table stays the one whose rows start with a run's name)."""
     clusters = [
         [
             fp.cluster,
@@ -337,6 +339,7 @@ def footprint_markdown(footprints: Sequence[ClusterFootprint]) -> str:
     ]
     runs = [
         [
+            r.cluster,
             r.name,
             gib_text(r.checkpoint_gib),
             str(r.keep_last),
@@ -356,7 +359,7 @@ def footprint_markdown(footprints: Sequence[ClusterFootprint]) -> str:
         "",
         table(FOOTPRINT_HEADER, clusters),
         "",
-        table(RUN_HEADER, runs),
+        table(RUN_HEADER, runs, left=2),
     ]
     for fp in footprints:
         if not fp.fits:
