@@ -89,6 +89,8 @@ def run(repo: Path, command: str, *args: object) -> Ran:
     """A command in process, on the `repo` fixture's copy."""
     from generators import cluster, expand
 
+    # Never the checkout's own outputs: the fixture pointed the commands at the copy.
+    assert expand.DEFAULT_OUT.is_relative_to(repo) and cluster.DEFAULT_OUT.is_relative_to(repo)
     result = cli_run({"expand": expand, "cluster": cluster}[command].main, args)
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     return Ran(result.exit_code, result.stderr)
