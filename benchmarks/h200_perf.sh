@@ -33,12 +33,18 @@ row() {
     return
   fi
   t0=$(date +%s)
-  timeout $((rest - 5)) python3 -m torch.distributed.run --standalone --nproc_per_node=1 "benchmarks/$tool.py" \
+  BENCH_LAUNCHER="python3 -m torch.distributed.run --standalone --nproc_per_node=1" timeout $((rest - 5)) python3 -m torch.distributed.run --standalone --nproc_per_node=1 "benchmarks/$tool.py" \
     --warmup 3 --steps 8 --name "$name" --json "$out/$json" "$@" >"$out/$name.log" 2>&1
   local rc=$?
   grep -E "^== |tokens/s per GPU|MFU|peak allocated" "$out/$name.log"
   [ $rc -eq 0 ] || { echo "FAILED $name: exit $rc"; grep -E "Error|error" "$out/$name.log" | tail -3; }
   echo "   ($name: $(($(date +%s) - t0)) s)"
+}
+# The checkpointing the project's row NAME resolved (`auto`), for the torchtitan row beside it.
+resolved_ac() {
+  python3 -c 'import json,sys; rows=[json.loads(l) for l in open(sys.argv[1])]
+print([r for r in rows if r["name"] == sys.argv[2]][-1]["config"]["parallelism.activation_checkpointing"])' \
+    "$out/$json" "$1" 2>/dev/null || echo selective
 }
 bf16m=(--set training.bf16_optimizer_state=true --set parallelism.activation_checkpointing=none)
 for stage in "$@"; do
@@ -62,8 +68,8 @@ for stage in "$@"; do
       m=(--model llama3.1-8b --seq-len 4096)
       row default 80 train_bench "${m[@]}" --batch-size 2
       row default-fp8 80 train_bench "${m[@]}" --batch-size 2 --set parallelism.precision=fp8
-      row torchtitan 80 titan_bench "${m[@]}" --batch-size 2 --checkpointing "${TITAN_8B_AC:-selective}"
-      row torchtitan-fp8 80 titan_bench "${m[@]}" --batch-size 2 --precision fp8 --checkpointing "${TITAN_8B_AC:-selective}"
+      row torchtitan 80 titan_bench "${m[@]}" --batch-size 2 --checkpointing "$(resolved_ac default)"
+      row torchtitan-fp8 80 titan_bench "${m[@]}" --batch-size 2 --precision fp8 --checkpointing "$(resolved_ac default-fp8)"
       row fp8-batch4-bf16-moments 80 train_bench "${m[@]}" --batch-size 4 --set training.bf16_optimizer_state=true \
         --set parallelism.precision=fp8
       row batch3-bf16-moments 80 train_bench "${m[@]}" --batch-size 3 --set training.bf16_optimizer_state=true ;;
