@@ -47,6 +47,9 @@ training waits, as before. Either way each rank writes its files with `writer_th
 Preemption: `StopRequest` turns SIGTERM into a flag that all ranks agree on after each step, so the
 loop saves a checkpoint and every rank exits with 143 (see trainer/launch.py for why that status).
 
+With checkpoint.s3_uri, rank 0 hands each checkpoint to trainer.s3_export once it is complete (after
+its rotation), which copies and verifies it in the background; `close` waits for the final one.
+
 Tests only: FSDP_CHECKPOINT_TEST_HOOK=<dir> makes each rank append its save events to
 <dir>/events-rank<R>.jsonl, and a background write whose step has a file <dir>/hold-step-<N> stops
 after writing its shards (before COMPLETE), creates <dir>/held-step-<N>-rank-<R> and waits until the
@@ -84,6 +87,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from trainer.config import CheckpointConfig, ConfigError
+from trainer.s3_export import S3Export
 
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 COMPLETE = "COMPLETE"
@@ -505,12 +509,19 @@ class Checkpointer:
         self._writer_errors = _WriterThreadErrors()
         self.last: _Save | None = None  # the last save waited for (figures for logs and benchmarks)
         self.last_load: dict[str, Any] | None = None  # the last load: path, seconds, in place, state dtypes
+        self._last_step = 0  # the run's last step (from `due`): its checkpoint is the final one
+        self._export = (
+            S3Export(cfg.s3_uri, cfg.prune_after_export, self._hook.event, self._hook.dir)
+            if self.enabled and cfg.s3_uri and self.rank == 0
+            else None
+        )
 
     @property
     def enabled(self) -> bool:
         return bool(self.cfg.dir)
 
     def due(self, step: int, last_step: int) -> bool:
+        self._last_step = last_step
         if not self.enabled:
             return False
         return step == last_step or (self.cfg.interval_steps > 0 and step % self.cfg.interval_steps == 0)
@@ -730,12 +741,25 @@ class Checkpointer:
         """Wait for the save in flight and release the host buffers and the writes' process group."""
         try:
             self.wait()
+            self._wait_for_export()
         finally:
             self._staging.close()
             self._writer_errors.close()
             if self._pg is not None:
                 dist.destroy_process_group(self._pg)
                 self._pg = None
+
+    def _wait_for_export(self) -> None:
+        """Rank 0 finishes the final checkpoint's S3 export (if one was submitted) while the others wait
+        in short all-reduces over the writes' gloo group, so no collective's timeout runs out meanwhile."""
+        if self._pg is None or not self.cfg.s3_uri:
+            return
+        while True:
+            busy = self._export is not None and self._export.final_submitted and not self._export.done(5.0)
+            flag = torch.tensor([int(busy)], dtype=torch.int32)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._pg)
+            if not flag.item():
+                return
 
     def _write(self, job: _Save) -> None:
         """Write `job` to its temporary directory and make it complete (collective over the writes' group).
@@ -790,6 +814,8 @@ class Checkpointer:
                     for _, old in complete_checkpoints(self.cfg.dir)[: -self.cfg.keep_last]:
                         shutil.rmtree(old, ignore_errors=True)
                         self._hook.event("removed", job.step, path=os.path.basename(old))
+                    if self._export is not None:
+                        self._export.submit(job.step, job.final, final=job.step == self._last_step)
             dist.barrier(group=self._pg)
             job.write_s = time.perf_counter() - t0
         except BaseException as err:  # noqa: BLE001 - handed to the training thread by wait()

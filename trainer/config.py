@@ -232,11 +232,30 @@ class CheckpointConfig:
     # with 4 to 16 threads and 67-84 s with one (which also leaves a page-locked copy of the state
     # cached in torch's host allocator).
     writer_threads: int = 8
+    # Copy every complete checkpoint to s3://bucket/prefix/step-XXXXXXXX/ (trainer/s3_export.py):
+    # rank 0 uploads it in the background after it is complete, verifies every object's size and
+    # SHA-256 on S3 and only then writes the step's COMPLETE object there. Empty: no copy. The
+    # endpoint of an S3-compatible store comes from AWS_ENDPOINT_URL, credentials from the usual
+    # AWS chain (IRSA or EKS Pod Identity in the cluster).
+    s3_uri: str = ""
+    # Remove the local final checkpoint once its copy on S3 is verified (frees the shared volume
+    # after a finished run); an export that failed leaves it in place. Needs s3_uri.
+    prune_after_export: bool = False
 
     def __post_init__(self) -> None:
         _require(self.interval_steps >= 0, "checkpoint.interval_steps", "must be 0 (end only) or positive")
         _require(self.keep_last >= 1, "checkpoint.keep_last", "must be at least 1")
         _require(1 <= self.writer_threads <= 64, "checkpoint.writer_threads", "must be between 1 and 64")
+        _require(
+            not self.s3_uri or re.fullmatch(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?", self.s3_uri) is not None,
+            "checkpoint.s3_uri",
+            "must be empty (no copy) or s3://bucket/prefix with a valid bucket name",
+        )
+        _require(
+            not self.prune_after_export or bool(self.s3_uri and self.dir),
+            "checkpoint.prune_after_export",
+            "needs checkpoint.dir and checkpoint.s3_uri (it removes the local copy of an exported checkpoint)",
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
