@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from support import REPO_ROOT
 
 from tools.cluster.build import binary
+from trainer import gpu_health
 from trainer.metrics import EFA_COUNTERS, TrainerCollector
 
 MONITORING = REPO_ROOT / "base" / "monitoring"
@@ -276,27 +277,44 @@ def test_alerts_fire_and_stay_silent_in_promtool_unit_tests(tmp_path):
 
 
 # Each broken rule misses a case of its unit test: a threshold too high (the 60% power throttling
-# goes unseen), the deadline read the wrong way round (fires on every run not yet due).
+# goes unseen), the deadline read the wrong way round (fires on every run not yet due), any XID taken
+# for a fatal one (the healthy node's XID 13 would taint it). Rule (alert or record) -> (text,
+# replacement, the alert whose unit test fails).
 BROKEN_RULES = {
-    "FsdpGpuPowerThrottling": ("> 0.5", "> 0.7"),
+    "FsdpGpuPowerThrottling": ("> 0.5", "> 0.7", "FsdpGpuPowerThrottling"),
     "FsdpTrainingHung": (
         'time() - fsdp_progress_deadline_timestamp_seconds{job="fsdp-trainer"}',
         'fsdp_progress_deadline_timestamp_seconds{job="fsdp-trainer"} - time()',
+        "FsdpTrainingHung",
     ),
+    "fsdp:gpu_unhealthy": ("DCGM_FI_DEV_XID_ERRORS == 79", "DCGM_FI_DEV_XID_ERRORS > 0", "FsdpGpuNodeUnhealthy"),
 }
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("alert", sorted(BROKEN_RULES))
-def test_unit_tests_catch_a_broken_rule(tmp_path, alert):
-    old, new = BROKEN_RULES[alert]
+@pytest.mark.parametrize("name", sorted(BROKEN_RULES))
+def test_unit_tests_catch_a_broken_rule(tmp_path, name):
+    old, new, alert = BROKEN_RULES[name]
     groups = rule_groups()
+    changed = 0
     for group in groups:
         for rule in group["rules"]:
-            if rule.get("alert") == alert:
-                assert old in rule["expr"]
+            if name in (rule.get("alert"), rule.get("record")) and old in rule["expr"]:
                 rule["expr"] = rule["expr"].replace(old, new)
+                changed += 1
+    assert changed == 1
     shutil.copy(UNIT_TESTS, tmp_path / UNIT_TESTS.name)
     write_rules(tmp_path, groups)
     proc = promtool("test", "rules", UNIT_TESTS.name, cwd=tmp_path)
     assert proc.returncode != 0 and f"alertname: {alert}" in proc.stdout + proc.stderr
+
+
+def test_the_tainters_query_is_the_one_the_unit_tests_evaluate():
+    # trainer.gpu_health taints by this query; alerts.test.yaml holds its expected result.
+    exprs = [
+        case["expr"]
+        for test in yaml.safe_load(UNIT_TESTS.read_text())["tests"]
+        for case in test.get("promql_expr_test", [])
+    ]
+    assert gpu_health.QUERY in exprs
+    assert metric_names(gpu_health.QUERY) == {"fsdp:gpu_unhealthy"} <= known_metrics()
