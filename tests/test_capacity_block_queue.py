@@ -31,6 +31,7 @@ clusters:
     capacity_reservation_ids: [cr-0123456789abcdef0]
     capacity_blocks: true
     capacity_block_end: "2099-12-10T11:30:00Z"
+    shared_storage_gib: 7200
   c2: {region: us-west-2, availability_zones: [us-west-2a], instance_types: [p4de.24xlarge]}
 defaults:
   trainer: {data: {path: /shared/data/samsum/train.jsonl, format: samsum}}

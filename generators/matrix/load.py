@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from generators.core.yamlio import LineDict, LineList, load_yaml, read_input
+from generators.matrix.cluster_rules import check_registry, job_api_and_kueue
 from generators.matrix.fields import (
     _check_keys,
     _describe,
@@ -63,7 +64,6 @@ from generators.matrix.images import check as check_image
 from generators.matrix.schema import (
     API_VERSION,
     CLUSTER_FIELDS,
-    JOB_APIS,
     KIND,
     NAME_PREFIX_MAX,
     REPOSITORY_FIELDS,
@@ -81,9 +81,6 @@ _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d+$")
 _RESERVATION = re.compile(r"^cr-[0-9a-f]{8,17}$")
-# A registry host (with an optional port), as the first part of an image reference.
-_LABEL = r"[a-z0-9]([a-z0-9-]*[a-z0-9])?"
-_REGISTRY = re.compile(rf"({_LABEL}(\.{_LABEL})+|localhost)(:[0-9]{{1,5}})?")
 _K8S_VERSION = re.compile(r"^1\.\d+$")
 _GIT_URL = re.compile(r"^(https://|ssh://)\S+$")
 # What `git check-ref-format --branch` refuses, so Flux never fails on the name later.
@@ -262,36 +259,10 @@ def _parse_cluster(file: str, name: str, data: Any, line: int, now: dt.datetime)
             "capacity_blocks is true but the cluster names no capacity reservation",
             "list the Capacity Block ids (cr-...) in capacity_reservation_ids, or remove capacity_blocks",
         )
-    if f["job_api"] not in JOB_APIS:
-        raise _err(
-            file,
-            data.key_lines["job_api"],
-            f"{prefix}.job_api",
-            f"unknown job API {f['job_api']!r}",
-            f"use one of {', '.join(JOB_APIS)} (docs/job-api.md says which to choose)",
-        )
-    kueue = f["kueue"]
-    if f["job_api"] == "trainjob":
-        if kueue and "kueue" in data.key_lines:
-            raise _err(
-                file,
-                data.key_lines["kueue"],
-                f"{prefix}.kueue",
-                "the pinned Kueue cannot start a TrainJob: it admits it with Kubeflow Trainer v2.1 types,"
-                " which drop the TrainJob's runtimePatches, so its JobSet stays suspended",
-                "set kueue: false on this cluster, or job_api: pytorchjob to queue its runs (docs/job-api.md)",
-            )
-        kueue = False  # the default on a trainjob cluster, for the reason above
+    kueue = job_api_and_kueue(file, data, prefix, f["job_api"], f["kueue"])
     if f["capacity_block_end"]:
         check_block_end(file, data, prefix, f["capacity_block_end"], f["capacity_blocks"], now)
-    if f["registry"] and not _REGISTRY.fullmatch(f["registry"]):
-        raise _err(
-            file,
-            data.key_lines["registry"],
-            f"{prefix}.registry",
-            f"{f['registry']!r} is not a registry host",
-            "write the host alone, without scheme or path, e.g. 111122223333.dkr.ecr.eu-west-1.amazonaws.com",
-        )
+    check_registry(file, data, prefix, f["registry"])
     if not _K8S_VERSION.match(f["kubernetes_version"]):
         raise _err(
             file,

@@ -88,6 +88,8 @@ def render_data(plan: ClusterPlan, layout: Layout) -> dict[str, Any]:
             "apiVersion": KUSTOMIZE_API,
             "kind": "Kustomization",
             "resources": list(datasets),
+            # The staging Jobs' trainer image from the cluster's registry.
+            **({"images": moved} if (moved := base_image_override(plan.cluster)) else {}),
         },
     }
     for name, (dataset, fmt) in datasets.items():
@@ -96,7 +98,6 @@ def render_data(plan: ClusterPlan, layout: Layout) -> dict[str, Any]:
             "kind": "Kustomization",
             "namespace": plan.cluster.namespace,
             "resources": [layout.to_repo(f"{top}/{name}", DATA_BASE)],
-            **({"images": moved} if (moved := base_image_override(plan.cluster)) else {}),
             "patches": [
                 {
                     "path": "job.data.yaml",

@@ -70,10 +70,10 @@ from typing import Any
 from generators.core.writer import JsonPatch
 from generators.matrix.schema import Cluster, GitSource, base_image_override
 from generators.plan import ClusterPlan, Plan
+from generators.render.block_queue import BLOCK_QUEUE_DIR, holds_queue_at_block_end, render_block_queue
 from generators.render.data import render_data
 from generators.render.layout import Layout
 from generators.render.preflight import preflight_dir, render_preflight
-from generators.render.runs import FSDP_GRACE_ENV, TERM_SLACK_S, termination_grace_s
 from generators.render.trainjob import TRAINER_CONTROLLER, TRAINER_PREREQUISITE, TRAINJOB_RUNTIME
 from trainer.catalog import INSTANCE_TYPES
 
@@ -163,10 +163,6 @@ STORAGE_KUSTOMIZATION = "shared-storage"
 # field of the jobs: a new end time reaches running pods without changing any job.
 CAPACITY_BLOCK_CONFIGMAP = "fsdp-capacity-block"
 CAPACITY_BLOCK_FILE = "configmap.capacity-block.yaml"
-# The queue hold at a Capacity Block's end (holds_queue_at_block_end): base and its folder in configs/.
-BLOCK_QUEUE_BASE = "base/capacity-block"
-BLOCK_QUEUE_DIR = "capacity-block"
-BLOCK_QUEUE_NAME = "fsdp-block-queue"
 # What infra-controllers is health-checked on: the controllers runs and infra-configs need, never a
 # GPU-node DaemonSet (generators/validation/fluxgraph.py check_run_prerequisites holds that).
 RUN_PREREQUISITES: tuple[dict[str, str], ...] = (
@@ -511,6 +507,8 @@ def configs_kustomization(cluster: Cluster, layout: Layout) -> dict[str, Any]:
             },
         ],
     }
+    if moved := base_image_override(cluster):
+        out["images"] = moved  # the trainer image of every Job and Deployment here from the cluster's registry
     if cluster.kueue:
         out["components"] = [layout.to_repo(f"infrastructure/{c}/configs", KUEUE_QUEUES)]
     if cluster.job_api == "trainjob":
@@ -552,53 +550,6 @@ def run_namespace(cluster: Cluster) -> dict[str, Any]:
                 **(dict([KUEUE_NAMESPACE_LABEL]) if cluster.kueue else {}),
             },
         },
-    }
-
-
-def holds_queue_at_block_end(cluster: Cluster) -> bool:
-    """Whether the cluster runs the Capacity Block queue hold (base/capacity-block, trainer/block_queue.py)."""
-    return cluster.capacity_blocks and cluster.kueue
-
-
-def render_block_queue(plan: ClusterPlan, layout: Layout) -> dict[str, Any]:
-    """configs/capacity-block/ of a Capacity Block cluster that queues with Kueue: the hold of ClusterQueue
-    fsdp from the earliest stop time of its runs (the longest checkpoint grace among them) on."""
-    cluster = plan.cluster
-    if not holds_queue_at_block_end(cluster):
-        return {}
-    d = f"infrastructure/{cluster.name}/configs/{BLOCK_QUEUE_DIR}"
-    grace = max((termination_grace_s(p) - TERM_SLACK_S for p in plan.runs), default=30)
-    return {
-        f"{d}/kustomization.yaml": {
-            "apiVersion": KUSTOMIZE_API,
-            "kind": "Kustomization",
-            "namespace": cluster.namespace,
-            "resources": [layout.to_repo(d, BLOCK_QUEUE_BASE)],
-            **({"images": moved} if (moved := base_image_override(cluster)) else {}),
-            "patches": [
-                {
-                    "path": "deployment.block-queue.yaml",
-                    "target": {"group": "apps", "version": "v1", "kind": "Deployment", "name": BLOCK_QUEUE_NAME},
-                },
-                {
-                    "path": "clusterrolebinding.block-queue.yaml",
-                    "target": {
-                        "group": "rbac.authorization.k8s.io",
-                        "kind": "ClusterRoleBinding",
-                        "name": BLOCK_QUEUE_NAME,
-                    },
-                },
-            ],
-        },
-        f"{d}/deployment.block-queue.yaml": JsonPatch(
-            (
-                {"op": "test", "path": "/spec/template/spec/containers/0/env/2/name", "value": FSDP_GRACE_ENV},
-                {"op": "replace", "path": "/spec/template/spec/containers/0/env/2/value", "value": str(grace)},
-            )
-        ),
-        f"{d}/clusterrolebinding.block-queue.yaml": JsonPatch(
-            ({"op": "replace", "path": "/subjects/0/namespace", "value": cluster.namespace},)
-        ),
     }
 
 

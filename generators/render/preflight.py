@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from generators.core.writer import JsonPatch
-from generators.matrix.schema import Cluster, base_image_override
+from generators.matrix.schema import Cluster
 from generators.render.layout import Layout
 from generators.render.runs import QUEUE_LABEL, _ptr
 from trainer.catalog import INSTANCE_TYPES, InstanceType
@@ -128,7 +128,6 @@ def render_preflight(cluster: Cluster, layout: Layout, queue: str = "") -> dict[
             "kind": "Kustomization",
             "namespace": cluster.namespace,
             "resources": [layout.to_repo(d, PREFLIGHT_BASE)],
-            **({"images": moved} if (moved := base_image_override(cluster)) else {}),
             "patches": [
                 {
                     "path": "job.preflight.yaml",
