@@ -122,6 +122,7 @@ def test_one_trainjob_per_run_with_what_differs_per_run() -> None:
         env = {e["name"]: e["value"] for e in trainer["env"]}
         assert env["FSDP_TERM_GRACE_S"] == str(termination_grace_s(p) - 30) and env["FI_PROVIDER"] == "efa"
         assert env["FSDP_MAX_RETRIES"] == str(p.run.max_retries)
+        assert env["FSDP_TRAINJOB_NAME"] == p.name
         (patch,) = spec["runtimePatches"]
         (rjob,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
         assert rjob["name"] == "node"
@@ -139,7 +140,18 @@ def test_one_trainjob_per_run_with_what_differs_per_run() -> None:
         assert kust["resources"] == ["trainjob.yaml", "rbac.yaml"]
         assert kust["configMapGenerator"][0]["name"] == f"{p.name}-config"
         # Only the ServiceAccount: no Role could name a JobSet's pods (random suffixes).
-        assert [d["kind"] for d in files[f"{p.overlay_dir}/rbac.yaml"]] == ["ServiceAccount"]
+        rbac = files[f"{p.overlay_dir}/rbac.yaml"]
+        assert [d["kind"] for d in rbac] == ["ServiceAccount", "Role", "RoleBinding"]
+        # Rank 0 annotates this TrainJob, and only it, with its progress.
+        assert rbac[1]["rules"] == [
+            {
+                "apiGroups": ["trainer.kubeflow.org"],
+                "resources": ["trainjobs"],
+                "verbs": ["patch"],
+                "resourceNames": [p.name],
+            }
+        ]
+        assert rbac[2]["subjects"] == [{"kind": "ServiceAccount", "name": p.name, "namespace": p.namespace}]
 
 
 def test_the_trainjob_cluster_installs_the_trainer_and_its_runtime_and_waits_for_them() -> None:

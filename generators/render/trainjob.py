@@ -10,9 +10,10 @@ One kustomize overlay per run, in runs/<cluster>/<run>/, the TrainJob counterpar
   the Kueue queue label, and one runtimePatches entry for the pod fields the Trainer lets a TrainJob
   patch (instance type, ServiceAccount, grace period, config map, /dev/shm size, data marker);
 - train.yaml: the resolved trainer config, mounted at /etc/fsdp/train.yaml;
-- rbac.yaml: ServiceAccount `<run>`. No progress Role: a JobSet's pods are named by their Job with a
-  random suffix, so no Role could name them, and patch on every pod of the namespace would let one run
-  change another's pods; progress comes from the metrics and the TrainJob status instead.
+- rbac.yaml: ServiceAccount `<run>`, and Role and RoleBinding `<run>-progress` that let it patch this
+  TrainJob by name: rank 0 writes its progress annotations on the TrainJob (FSDP_TRAINJOB_NAME in the
+  trainer's env, trainer/progress.py), not on a pod (a JobSet's pods are named by their Job with a
+  random suffix, so no Role could name them).
 The cluster's Trainer release and runtime come from generators/render/flux.py (TRAINER_CONTROLLER,
 TRAINJOB_RUNTIME).
 """
@@ -56,13 +57,21 @@ TRAINER_PREREQUISITE = {
 }
 # Owner of the runtime patch (a domain-prefixed path, as the Trainer's webhook requires).
 PATCH_MANAGER = "fsdp-gitops.io/overlay"
+# Names the TrainJob rank 0 annotates with its progress (trainer/progress.py TRAINJOB_ENV).
+PROGRESS_ENV = "FSDP_TRAINJOB_NAME"
 
 
 def trainer_env(p: Plan) -> list[dict[str, Any]]:
     """The run's environment on top of the runtime's: torchrun's wait for the checkpoint after SIGTERM
     (trainer.launch), on EFA instances the libfabric settings, and trainer.launch's retry bound and
     transport check (runs.guard_env; the retry count is kept per PET_NODE_RANK)."""
-    return [{"name": FSDP_GRACE_ENV, "value": str(termination_grace_s(p) - TERM_SLACK_S)}, *efa_env(p), *guard_env(p)]
+    return [
+        {"name": FSDP_GRACE_ENV, "value": str(termination_grace_s(p) - TERM_SLACK_S)},
+        # The TrainJob's own name: rank 0 writes its progress annotations on it (trainer/progress.py).
+        {"name": PROGRESS_ENV, "value": p.name},
+        *efa_env(p),
+        *guard_env(p),
+    ]
 
 
 def runtime_patch(p: Plan) -> dict[str, Any]:
@@ -125,7 +134,33 @@ def trainjob(p: Plan, queue: str = "") -> dict[str, Any]:
 
 
 def service_account(p: Plan) -> list[dict[str, Any]]:
-    return [{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": p.name, "namespace": p.namespace}}]
+    """The run's ServiceAccount, and the one permission its progress annotations need: patch of this
+    TrainJob by name."""
+    role = f"{p.name}-progress"
+    meta = {"namespace": p.namespace}
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": p.name, **meta}},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": role, **meta},
+            "rules": [
+                {
+                    "apiGroups": ["trainer.kubeflow.org"],
+                    "resources": ["trainjobs"],
+                    "verbs": ["patch"],
+                    "resourceNames": [p.name],
+                }
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": role, **meta},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": p.name, "namespace": p.namespace}],
+        },
+    ]
 
 
 def kustomization(p: Plan) -> dict[str, Any]:
