@@ -139,3 +139,10 @@ def test_the_role_touches_nodes_only_and_the_taint_never_evicts():
     role = docs()["ClusterRole"]
     assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]}]
     assert gpu_health.TAINT["effect"] == "NoSchedule"
+
+
+def test_the_dcgm_exporter_keeps_running_on_a_tainted_node():
+    # Else a restarted exporter pod stays off the node and its signs vanish as if it were repaired.
+    release = yaml.safe_load((REPO_ROOT / "base/monitoring/controllers/dcgm-exporter.yaml").read_text())
+    tolerations = release["spec"]["values"]["tolerations"]
+    assert {"key": gpu_health.TAINT["key"], "operator": "Exists", "effect": "NoSchedule"} in tolerations
