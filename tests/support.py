@@ -34,3 +34,27 @@ def cli_run(command: click.Command, args: Sequence[object] = (), **kwargs: Any) 
     to CliRunner.invoke (e.g. catch_exceptions=False). Tests take it as the `cli` fixture (conftest.py).
     """
     return CliRunner().invoke(command, [str(a) for a in args], **kwargs)
+
+
+def generated_copy(root: Path, matrix_text: str) -> Path:
+    """A copy of the checkout's generators, trainer, base/ and pyproject.toml in git work tree `root`,
+    with `matrix_text` as its matrix.yaml expanded by the copy's own generator: its overlays refer to the
+    copy's base/, which a test may then edit."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    for name in ("generators", "trainer", "base"):
+        shutil.copytree(REPO_ROOT / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(REPO_ROOT / "pyproject.toml", root / "pyproject.toml")
+    (root / "matrix.yaml").write_text(matrix_text)
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    subprocess.run(
+        [sys.executable, str(root / "generators/expand.py"), str(root / "matrix.yaml")],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        check=True,
+        capture_output=True,
+    )
+    return root

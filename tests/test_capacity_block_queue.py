@@ -6,16 +6,14 @@ and validation over a copy of the checkout; trainer.block_queue's decision on it
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from support import generated_copy
 
-from generators.core.gotools import REPO_ROOT, tool
+from generators.core.gotools import tool
 from generators.validation import pipeline, schemas
 from trainer import block_queue, capacity_block
 
@@ -44,20 +42,7 @@ include:
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("repo")
-    for name in ("generators", "trainer", "base"):
-        shutil.copytree(REPO_ROOT / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy2(REPO_ROOT / "pyproject.toml", root / "pyproject.toml")
-    (root / "matrix.yaml").write_text(MATRIX)
-    subprocess.run(["git", "init", "-q", str(root)], check=True)
-    subprocess.run(
-        [sys.executable, str(root / "generators/expand.py"), str(root / "matrix.yaml")],
-        cwd=root,
-        env={**os.environ, "PYTHONPATH": str(root)},
-        check=True,
-        capture_output=True,
-    )
-    return root
+    return generated_copy(tmp_path_factory.mktemp("repo"), MATRIX)
 
 
 def build(repo: Path, path: str) -> list[dict]:

@@ -4,7 +4,6 @@ both run directories fed to the report CLI."""
 from __future__ import annotations
 
 import math
-import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from support import REPO_ROOT
+from trainer_support import trainer_env
 
 from generators.report import main
 from generators.results.measurements import load, summarise
@@ -25,12 +25,7 @@ TIMEOUT_S = 240
 
 
 def torchrun(nproc: int, out: Path) -> subprocess.Popen:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    }
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")])))
+    env = trainer_env()
     cmd = [
         sys.executable,
         "-m",
@@ -98,12 +93,7 @@ def two_nodes_of_one(out: Path) -> list[subprocess.Popen]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    }
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")])))
+    env = trainer_env()
     procs = []
     for node in (0, 1):
         cmd = [

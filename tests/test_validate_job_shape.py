@@ -5,14 +5,11 @@ pipeline over copies of the committed overlays and of the two-API example, one m
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support import generated_copy
 
 from generators.core.gotools import REPO_ROOT
 from generators.validation import pipeline, schemas
@@ -21,21 +18,7 @@ from generators.validation import pipeline, schemas
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """base/ and the two-API example's overlays (a pytorchjob cluster fsdp-p4de, a trainjob one fsdp-p5)."""
-    root = tmp_path_factory.mktemp("repo")
-    # The generator runs from the copy, so the overlays refer to the copy's base/ (edited below).
-    for name in ("generators", "trainer", "base"):
-        shutil.copytree(REPO_ROOT / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy2(REPO_ROOT / "pyproject.toml", root / "pyproject.toml")
-    shutil.copy2(REPO_ROOT / "examples/matrix-two-apis.yaml", root / "matrix.yaml")
-    subprocess.run(["git", "init", "-q", str(root)], check=True)
-    subprocess.run(
-        [sys.executable, str(root / "generators/expand.py"), str(root / "matrix.yaml")],
-        cwd=root,
-        env={**os.environ, "PYTHONPATH": str(root)},
-        check=True,
-        capture_output=True,
-    )
-    return root
+    return generated_copy(tmp_path_factory.mktemp("repo"), (REPO_ROOT / "examples/matrix-two-apis.yaml").read_text())
 
 
 def run_file(repo: Path, cluster: str, name: str) -> Path:

@@ -70,3 +70,29 @@ def pods(request: pytest.FixtureRequest, realpods_levels: dict[str, Cluster]) ->
         level = realpods_levels.pop(key, None)  # a module may have stopped it already
         if level is not None:
             level.stop()
+
+
+@pytest.fixture(scope="module")
+def kcluster() -> Iterator[Cluster]:
+    """The operator level with Kueue as the repository ships it, then fsdp-p5's configs (run namespace,
+    queues, shared volume) as infra-configs applies them after infra-controllers, a CPU node and two
+    p5.48xlarge nodes. The configs' Jobs (NCCL pre-flight) are left out: they would take quota from the
+    runs under test. One per module that asks for it."""
+    from support import REPO_ROOT
+
+    from tools.cluster import dryrun, kueue
+
+    c = Cluster.start("operator")
+    try:
+        kueue.start(c, kueue.repository_release("fsdp-p5"))
+        path = "overlays/infrastructure/fsdp-p5/configs"
+        docs = [d for d in dryrun.render(REPO_ROOT, path) if d["kind"] != "Job"]
+        dryrun.ensure_namespaces(c, {path: docs})
+        c.apply(docs)
+        (pvc,) = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
+        c.add_shared_volume(pvc)
+        c.add_cpu_node()
+        c.add_gpu_nodes("p5.48xlarge", 2)
+        yield c
+    finally:
+        c.stop()

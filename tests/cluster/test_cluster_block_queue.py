@@ -13,14 +13,13 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support import REPO_ROOT
 
-from tools.cluster import dryrun, kueue
+from tools.cluster import dryrun
 from tools.cluster.harness import TOKEN, Cluster
 from trainer import capacity_block
 
@@ -38,25 +37,6 @@ def iso(t: float) -> str:
 def end_stopping_in(seconds: float) -> str:
     """A block end whose runs' stop time (capacity_block.stop_time) is `seconds` away."""
     return iso(time.time() + seconds + capacity_block.TERMINATION_LEAD_S + GRACE_S + capacity_block.MARGIN_S)
-
-
-@pytest.fixture(scope="module")
-def kcluster() -> Iterator[Cluster]:
-    """Kueue as the repository ships it, fsdp-p5's configs without its Jobs, and room for one run."""
-    c = Cluster.start("operator")
-    try:
-        kueue.start(c, kueue.repository_release(CLUSTER))
-        path = f"overlays/infrastructure/{CLUSTER}/configs"
-        docs = [d for d in dryrun.render(REPO_ROOT, path) if d["kind"] != "Job"]
-        dryrun.ensure_namespaces(c, {path: docs})
-        c.apply(docs)
-        (pvc,) = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
-        c.add_shared_volume(pvc)
-        c.add_cpu_node()
-        c.add_gpu_nodes(INSTANCE, 2)
-        yield c
-    finally:
-        c.stop()
 
 
 def run_docs() -> list[dict[str, Any]]:

@@ -18,7 +18,6 @@ fail the same way, so the assertions above can fail.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -82,27 +81,6 @@ def pods(cluster: Cluster, job: dict[str, Any]) -> list[dict[str, Any]]:
     return cluster.get(
         "pods", job["metadata"]["namespace"], selector=f"training.kubeflow.org/job-name={job['metadata']['name']}"
     )["items"]
-
-
-@pytest.fixture(scope="module")
-def kcluster() -> Iterator[Cluster]:
-    """Kueue as the repository ships it, then fsdp-p5's configs (run namespace, queues, shared volume)
-    as infra-configs applies them after infra-controllers. The configs' Jobs (NCCL pre-flight) are
-    left out: they would take quota from the runs under test."""
-    c = Cluster.start("operator")
-    try:
-        kueue.start(c, kueue.repository_release(CLUSTER))
-        path = f"overlays/infrastructure/{CLUSTER}/configs"
-        docs = [d for d in dryrun.render(REPO_ROOT, path) if d["kind"] != "Job"]
-        dryrun.ensure_namespaces(c, {path: docs})
-        c.apply(docs)
-        (pvc,) = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
-        c.add_shared_volume(pvc)
-        c.add_cpu_node()
-        c.add_gpu_nodes(INSTANCE, 2)
-        yield c
-    finally:
-        c.stop()
 
 
 def test_runs_are_queued_in_the_run_namespace_only(kcluster: Cluster) -> None:
