@@ -376,6 +376,31 @@ def test_the_tiny_run_trains_to_succeeded_under_kueue(deployment: Deployment) ->
     assert_trained(d)
 
 
+def test_the_status_command_lists_the_trained_run_from_the_trainers_annotations(deployment: Deployment) -> None:
+    """`python generators/status.py` (run where the API server listens) on the run the test above trained:
+    Succeeded, with the step, ETA and checkpoint the real trainer wrote on worker 0's pod."""
+    d = deployment
+    assert job_state(d.cluster, d.run) == "Succeeded", "the tiny run's test above left no succeeded run"
+    command = [sys.executable, "generators/status.py", "--kubeconfig", str(d.cluster.kubeconfig), "--namespace", NS]
+    netns = ["nsenter", "-t", str(d.cluster.holder), "-n"]
+    res = subprocess.run([*netns, *command, "--format", "json"], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    (row,) = [r for r in json.loads(res.stdout) if r["run"] == d.run]
+    assert (row["api"], row["phase"], row["step"], row["total_steps"], row["eta"]) == (
+        "PyTorchJob",
+        "Succeeded",
+        STEPS,
+        STEPS,
+        "done",
+    ), row
+    assert row["tokens_per_second"] > 0 and row["restarts"] == 0, row
+    assert row["checkpoint"] is not None and 0 < row["checkpoint"] <= STEPS and row["checkpoint"] % INTERVAL == 0, row
+    res = subprocess.run([*netns, *command], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    (line,) = [line.split() for line in res.stdout.splitlines() if d.run in line.split()]
+    assert line[:5] == [NS, d.run, "PyTorchJob", "Succeeded", f"{STEPS}/{STEPS}"], res.stdout
+
+
 def test_a_real_prometheus_discovers_and_scrapes_the_run_pods_with_the_run_labels(
     deployment: Deployment, prometheus: scrape.Prometheus
 ) -> None:
