@@ -192,6 +192,14 @@ def test_the_tiny_trainjob_meets_through_the_headless_service_and_trains_to_comp
     jobset = d.cluster.get("jobset", NS, name=d.run)
     assert jobset["status"].get("restarts", 0) == 0, jobset["status"]
     assert jobset["status"].get("terminalState") == "Completed", jobset["status"]
+    # Rank 0 wrote its progress on the TrainJob itself, through the run's own Role (patch of this
+    # TrainJob by name), as PyTorchJob runs do on their pods.
+    notes = d.cluster.get("trainjob", NS, name=d.run)["metadata"].get("annotations", {})
+    assert notes.get("fsdp-gitops/step") == f"{STEPS}/{STEPS}", notes
+    assert notes.get("fsdp-gitops/eta") == "done" and float(notes["fsdp-gitops/tokens-per-second"]) > 0, notes
+    # The last checkpoint complete when the final record was written (the final save may still be
+    # in flight then): one of the interval's.
+    assert 0 < int(notes["fsdp-gitops/checkpoint"]) <= STEPS and int(notes["fsdp-gitops/checkpoint"]) % INTERVAL == 0
 
 
 def test_sigkill_of_a_trainer_container_restarts_the_gang_from_the_last_checkpoint(deployment: Deployment) -> None:
