@@ -583,6 +583,11 @@ def _container_pid(pod: str) -> int:
 
 
 def _container_pid_or_none(pod: str) -> int | None:
+    return _pid_in_pod(pod, lambda cmd, env: b"trainer.launch" in cmd)
+
+
+def _pid_in_pod(pod: str, wanted: Callable[[list[bytes], list[bytes]], bool]) -> int | None:
+    """The host pid of the first process of `pod`'s trainer container for which `wanted(cmdline, environ)`."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -591,7 +596,7 @@ def _container_pid_or_none(pod: str) -> int | None:
             env = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"trainer.launch" in cmd and f"FSDP_POD_NAME={pod}".encode() in env:
+        if f"FSDP_POD_NAME={pod}".encode() in env and wanted(cmd, env):
             return int(entry.name)
     return None
 
@@ -719,3 +724,67 @@ def test_the_preflight_job_fails_at_once_on_the_wrong_transport(deployment: Depl
     logs = "".join(d.cluster.kubectl_result("logs", "-n", NS, p["metadata"]["name"]).stdout for p in pods)
     assert "transport gloo, expected efa" in logs, logs[-2000:]
     d.cluster.kubectl("delete", "job", "-n", NS, name, "--wait=true")
+
+
+# The hang watch's bounds shrunk for the tiny model on CPU, as tests/test_trainer_launch_hang.py does.
+FAST_HANG = {
+    "FSDP_HANG_MIN_S": "6",
+    "FSDP_HANG_FACTOR": "10",
+    "FSDP_HANG_FIRST_STEP_S": "240",
+    "FSDP_HANG_CHECKPOINT_S": "120",
+    "FSDP_HANG_POLL_S": "0.5",
+    "FSDP_HANG_DUMP_WAIT_S": "3",
+}
+
+
+def _worker_pid_or_none(pod: str) -> int | None:
+    """The host pid of the trainer worker (trainer.train under torchrun, with a LOCAL_RANK) in `pod`."""
+    return _pid_in_pod(
+        pod,
+        lambda cmd, env: (
+            b"trainer.train" in cmd and b"trainer.launch" not in cmd and any(e.startswith(b"LOCAL_RANK=") for e in env)
+        ),
+    )
+
+
+def test_a_rank_stopped_mid_run_is_caught_as_a_hang_and_the_run_resumes(deployment: Deployment) -> None:
+    """Worker 1's trainer process is stopped (SIGSTOP) after the first checkpoint: it makes no progress
+    and worker 0's rank blocks in the step's collective. The hang watch of the launchers stops the run
+    with exit 201 (restartable), the operator re-creates the pods, and the run resumes from its last
+    checkpoint to Succeeded."""
+    d = deployment
+    pod = f"{d.run}-worker-1"
+
+    def with_fast_hang_watch(job: dict[str, Any]) -> None:
+        train_longer(KILL_RUN_STEPS)(job)
+        for replica in job["spec"]["pytorchReplicaSpecs"].values():
+            for c in replica["template"]["spec"]["containers"]:
+                c.setdefault("env", []).extend({"name": k, "value": v} for k, v in FAST_HANG.items())
+
+    apply_run(d, with_fast_hang_watch)
+    uid = d.cluster.wait_for(
+        lambda: next(
+            (p["metadata"]["uid"] for p in d.cluster.get("pods", NS)["items"] if p["metadata"]["name"] == pod), None
+        ),
+        300,
+        f"pod {pod}",
+    )
+    d.cluster.wait_for(lambda: len(metrics(d)) > INTERVAL + 2, 300, "steps past the first checkpoint")
+    pid = d.cluster.wait_for(lambda: _worker_pid_or_none(pod), 60, f"the trainer worker of {pod}")
+    os.kill(pid, signal.SIGSTOP)
+    stopped_at = max(r["step"] for r in metrics(d))
+    exits: set[int] = set()
+    deadline = time.monotonic() + 600
+    while job_state(d.cluster, d.run) not in ("Succeeded", "Failed"):
+        assert time.monotonic() < deadline, f"no end within 600 s: {pod_problems(d.cluster, f'{JOB_LABEL}={d.run}')}"
+        for p in d.cluster.get("pods", NS, selector=f"{JOB_LABEL}={d.run}")["items"]:
+            for s in p.get("status", {}).get("containerStatuses", []):
+                done = s.get("state", {}).get("terminated") or s.get("lastState", {}).get("terminated")
+                if done:
+                    exits.add(int(done["exitCode"]))
+        time.sleep(0.3)
+    assert job_state(d.cluster, d.run) == "Succeeded", pod_problems(d.cluster, f"{JOB_LABEL}={d.run}")
+    assert 201 in exits, f"exit codes seen: {sorted(exits)} (the hang watch's is 201)"
+    assert d.cluster.get("pod", NS, name=pod)["metadata"]["uid"] != uid, f"{pod} was not re-created after the hang"
+    steps = [r["step"] for r in metrics(d)]
+    assert set(steps) == set(range(1, KILL_RUN_STEPS + 1)) and stopped_at < KILL_RUN_STEPS, (stopped_at, steps)
