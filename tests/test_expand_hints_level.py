@@ -12,8 +12,11 @@ import pytest
 from matrix_support import line_of
 from support import REPO_ROOT
 
+from generators.matrix.schema import trainer_schema
+
 SEED = (REPO_ROOT / "matrix.yaml").read_text()
-CHECKPOINT_KEYS = "async_mode, dir, export_dir, interval_steps, keep_last, resume, writer_threads"
+# The keys of trainer.checkpoint, as the trainer declares them (the hint lists them all).
+CHECKPOINT_KEYS = ", ".join(sorted(trainer_schema()["checkpoint"]))
 TRAINER_KEYS = "checkpoint, data, metrics, model, parallelism, training"
 # The first include entry's last line: a key added after it belongs to that entry.
 INCLUDE_0 = "    trainer.parallelism.sharding_strategy: HYBRID_SHARD\n  - cluster: fsdp-p4de"

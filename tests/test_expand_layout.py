@@ -15,7 +15,7 @@ from pathlib import Path
 from support import REPO_ROOT
 
 GENERATORS = REPO_ROOT / "generators"
-COMMANDS = {"generators.expand", "generators.cluster", "generators.validate", "generators.report"}
+COMMANDS = {"generators.expand", "generators.cluster", "generators.validate", "generators.report", "generators.status"}
 JOBS = ("generators.matrix", "generators.plan", "generators.render", "generators.validation", "generators.results")
 CORE = "generators.core"
 MAX_LINES = 600

@@ -82,13 +82,14 @@ from trainer.config import TrainConfig
 
 GIB = 1024**3
 # A run fits when its estimated peak plus HEADROOM_GIB stays within the GPU's memory (see above).
-# ALLOCATOR_GAP_GIB: peak_reserved_gib - peak_allocated_gib of benchmarks/results/h200x1-llama31-8b-loss.jsonl:2
-# (7.84 GiB), the largest of the runs with full checkpointing and the chunked loss, the trainer's default
-# (3.8 GiB for Llama-2-7B, h200x1-suite1.jsonl:6). With the full-logits loss the allocator kept freed
-# logits too, 14.7 GiB above the same peak (138.3 reserved, h200x1-extra.jsonl:2), at the same speed
-# (8,561 against 8,596 tokens/s): a cache it takes where there is room, not one it needs.
+# ALLOCATOR_GAP_GIB: peak_reserved_gib - peak_allocated_gib of benchmarks/results/h200x1-perf-llama3.1-8b.jsonl:2
+# (7.89 GiB, Llama-3.1-8B fp8; 7.84 in bf16, h200x1-llama31-8b-loss.jsonl:2), the largest of the runs with full
+# checkpointing and the chunked loss, the trainer's default (3.8 GiB for Llama-2-7B, h200x1-suite1.jsonl:6).
+# With the full-logits loss the allocator kept freed logits too, 14.7 GiB above the same peak (138.3
+# reserved, h200x1-extra.jsonl:2), at the same speed (8,561 against 8,596 tokens/s): a cache it takes
+# where there is room, not one it needs.
 ALLOCATOR_GAP_GIB = 7.9
-ALLOCATOR_GAP_SOURCE = "benchmarks/results/h200x1-llama31-8b-loss.jsonl:2"
+ALLOCATOR_GAP_SOURCE = "benchmarks/results/h200x1-perf-llama3.1-8b.jsonl:2"
 # CUDA context and NCCL's buffers (outside the caching allocator) and the nominal capacity the driver
 # keeps: runs reserved up to 138.5 GiB of the 140.4 GiB an H200 shows (141 nominal in the catalog).
 OUTSIDE_ALLOCATOR_GIB = 2.5
