@@ -556,6 +556,28 @@ class Checkpointer:
             where = f"left in place ({_one_line(err)})"
         return f"warning: checkpoint {path} cannot be loaded: {problem}; {where}"
 
+    def _refuse_earlier_checkpoints(self) -> None:
+        """A fresh start (checkpoint.resume=false) in a folder holding complete checkpoints is refused on
+        every rank: this run's checkpoints would be numbered below the earlier ones, and rotation (oldest
+        step first) would remove each of them as soon as it completed, leaving nothing of this run."""
+        found: list[Any] = [[]]
+        if self.rank == 0:
+            try:
+                found = [[os.path.basename(path) for _, path in complete_checkpoints(self.cfg.dir)]]
+            except OSError:
+                found = [[]]  # an unreadable folder fails at the first save, with its own line
+        if dist.is_initialized():
+            dist.broadcast_object_list(found, src=0)
+        names = found[0]
+        if names:
+            raise ConfigError(
+                "checkpoint.resume",
+                f"is false, but checkpoint.dir {self.cfg.dir} holds {len(names)} checkpoint(s) of an earlier run "
+                f"(newest {names[-1]}), among which this run's would be rotated away as the oldest; "
+                "choose a new checkpoint.dir (or empty this one) to start afresh, or set checkpoint.resume: true "
+                "to continue from them",
+            )
+
     def resume(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, say: Any = print
     ) -> tuple[str, dict[str, Any]] | None:
@@ -564,7 +586,10 @@ class Checkpointer:
         Falls back to older checkpoints, one line each; refuses (ConfigError) a checkpoint saved with a
         configuration whose weights or data order the current one cannot continue.
         """
-        if not self.enabled or not self.cfg.resume:
+        if not self.enabled:
+            return None
+        if not self.cfg.resume:
+            self._refuse_earlier_checkpoints()
             return None
         while True:
             choice: list[Any] = [None, [], None, None]
@@ -589,8 +614,7 @@ class Checkpointer:
                 raise ConfigError(
                     refused[0].split()[0],
                     f"differs from checkpoint {path} ({'; '.join(refused)}); "
-                    "keep the saved value, or start afresh with a new checkpoint.dir "
-                    "(or checkpoint.resume=false)",
+                    "keep the saved value, or start afresh with a new checkpoint.dir",
                 )
             try:
                 state = self.load(path, model, optimizer)
