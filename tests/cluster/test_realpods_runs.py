@@ -480,7 +480,7 @@ def test_a_real_prometheus_discovers_and_scrapes_the_run_pods_with_the_run_label
 
 def test_deleting_worker_0_checkpoints_within_the_grace_period_and_resumes(deployment: Deployment) -> None:
     d = deployment
-    apply_run(d)
+    apply_run(d, train_longer(KILL_RUN_STEPS))  # long enough that the delete lands mid-run
     d.cluster.wait_for(lambda: len(metrics(d)) >= 2, 300, "two steps")
     pod = f"{d.run}-worker-0"
     uid = d.cluster.get("pod", NS, name=pod)["metadata"]["uid"]
@@ -502,8 +502,8 @@ def test_deleting_worker_0_checkpoints_within_the_grace_period_and_resumes(deplo
     assert d.cluster.get("pod", NS, name=pod)["metadata"]["uid"] != uid  # the operator re-created it
     # Resumed from the checkpoint written on SIGTERM at the step it had reached: every step once, none
     # redone (a resume from the interval checkpoint before it would log steps again), none lost.
-    assert steps == list(range(1, STEPS + 1)), (steps, stopped_at)
-    assert stopped_at < STEPS
+    assert steps == list(range(1, KILL_RUN_STEPS + 1)), (steps, stopped_at)
+    assert stopped_at < KILL_RUN_STEPS
 
 
 def test_sigkill_of_a_trainer_container_restarts_from_the_last_interval_checkpoint(deployment: Deployment) -> None:
