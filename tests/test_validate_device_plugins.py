@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import yaml
 from support import REPO_ROOT
-from test_validate_mutations import fixture_files as job_fixture
-from test_validate_mutations import flux_kustomization, problems, write_tree
+from validate_support import fixture_files as job_fixture
+from validate_support import flux_kustomization, problems, write_tree
 
 from generators.core.gotools import tool
 from generators.core.yamlio import Doc

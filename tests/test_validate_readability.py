@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from support import REPO_ROOT
-from test_validate_mutations import mutated, only
+from validate_support import mutated, only
 
 from generators.core.gotools import tool
 from generators.core.yamlio import Doc
