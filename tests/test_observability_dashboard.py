@@ -22,18 +22,20 @@ from typing import Any
 
 import pytest
 import yaml
-from support import REPO_ROOT
-from test_observability_prometheus import PrometheusAPI, short_for, wait_until
-from test_observability_rules import (
+from observability_support import (
     DASHBOARD,
     DCGM_RELEASE,
     MONITORING,
     RULES,
+    PrometheusAPI,
     exporter_dcgm_fields,
     metric_names,
     plain_promql,
+    short_for,
     trainer_metric_names,
+    wait_until,
 )
+from support import REPO_ROOT
 from trainer_support import free_port
 
 from tools.cluster.build import binary

@@ -10,76 +10,23 @@ otherwise unchanged). The test then reads everything back through Prometheus' HT
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
+from observability_support import RULES, PrometheusAPI, short_for, wait_until
 from support import REPO_ROOT
 from trainer_support import TINY, free_port, output_overrides, read_metrics, trainer_env, worker_pids
 
 from tools.cluster.build import binary
 
-RULES = REPO_ROOT / "base" / "monitoring" / "configs" / "prometheusrule-fsdp.yaml"
 RUN = "tiny-observed"
 NAMESPACE = "fsdp"
-WAIT_S = 180  # bounded waits; a cold CPU run needs tens of seconds before its first step
-
-
-def wait_until(what: str, check: Callable[[], Any], timeout: float = WAIT_S, procs: tuple = ()) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        for p in procs:
-            assert p.poll() is None, f"{p.args[:3]} exited with {p.returncode} while waiting for {what}"
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        time.sleep(0.5)
-
-
-class PrometheusAPI:
-    def __init__(self, port: int):
-        self.base = f"http://127.0.0.1:{port}/api/v1/"
-
-    def get(self, path: str, **params: Any) -> Any:
-        url = self.base + path + ("?" + urllib.parse.urlencode(params) if params else "")
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            body = json.load(resp)
-        assert body["status"] == "success", body
-        return body["data"]
-
-    def query(self, expr: str) -> list[dict]:
-        return self.get("query", query=expr)["result"]
-
-    def firing(self, alertname: str) -> list[dict]:
-        return [
-            a for a in self.get("alerts")["alerts"] if a["labels"]["alertname"] == alertname and a["state"] == "firing"
-        ]
-
-    def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.base.replace("/api/v1/", "/-/ready"), timeout=2) as resp:
-                return resp.status == 200
-        except OSError:
-            return False
-
-
-def short_for(spec: dict) -> dict:
-    for group in spec["groups"]:
-        for rule in group["rules"]:
-            if "for" in rule:
-                rule["for"] = "2s"
-    return spec
 
 
 def start_node(out: Path, rdzv_port: int, metrics_port: int, log: Path) -> subprocess.Popen:

@@ -14,23 +14,24 @@ import json
 import re
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-from prometheus_client import CollectorRegistry
-from support import REPO_ROOT
+from observability_support import (
+    DASHBOARD,
+    DCGM_RELEASE,
+    RULES,
+    exporter_dcgm_fields,
+    metric_names,
+    plain_promql,
+    trainer_metric_names,
+)
 
 from tools.cluster.build import binary
 from trainer import gpu_health
-from trainer.metrics import EFA_COUNTERS, TrainerCollector
 
-MONITORING = REPO_ROOT / "base" / "monitoring"
-RULES = MONITORING / "configs" / "prometheusrule-fsdp.yaml"
-DASHBOARD = MONITORING / "configs" / "dashboards" / "fsdp-gpus.json"
-DCGM_RELEASE = MONITORING / "controllers" / "dcgm-exporter.yaml"
 DATA = Path(__file__).resolve().parent / "data" / "monitoring"
 UNIT_TESTS = DATA / "alerts.test.yaml"
 UPSTREAM_DCGM_FIELDS = DATA / "dcgm-exporter-default-counters.csv"
@@ -42,24 +43,6 @@ OTHER_METRICS = {
     "kube_job_status_failed",  # the same page (STABLE): reason BackoffLimitExceeded, DeadlineExceeded, Evicted, ""
     "kube_node_status_capacity",  # kube-state-metrics docs/metrics/cluster/node-metrics.md (STABLE)
 }
-
-PROMQL_KEYWORDS = {
-    "by",
-    "without",
-    "on",
-    "ignoring",
-    "group_left",
-    "group_right",
-    "and",
-    "or",
-    "unless",
-    "bool",
-    "offset",
-    "inf",
-    "nan",
-}
-# Grafana variables, replaced by values that make each expression plain PromQL.
-GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$__interval": "1m", "$__range": "1h"}
 
 
 def rule_groups() -> list[dict]:
@@ -83,35 +66,6 @@ def dashboard_expressions() -> list[str]:
     return exprs
 
 
-def plain_promql(expr: str) -> str:
-    """A dashboard expression with Grafana's variables replaced ($var inside matchers: any value)."""
-    for name, value in GRAFANA_VARIABLES.items():
-        expr = expr.replace(name, value)
-    return re.sub(r"\$\{?\w+\}?", ".*", expr)
-
-
-def metric_names(expr: str) -> set[str]:
-    """Metric names an expression selects: identifiers outside strings, label matchers, ranges and
-    label lists that are not functions, keywords, durations or numbers."""
-    text = re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'', '""', expr)
-    text = re.sub(r"\{[^}]*\}", " ", text)
-    text = re.sub(r"\[[^\]]*\]", " ", text)
-    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
-    names = set()
-    for match in re.finditer(r"(?<![\w.])([a-zA-Z_:][\w:]*)(\s*\()?", text):
-        word, call = match.groups()
-        if call or word.lower() in PROMQL_KEYWORDS or re.fullmatch(r"\d+[smhdwy]", word):
-            continue
-        names.add(word)
-    return names
-
-
-def exporter_dcgm_fields() -> set[str]:
-    release = yaml.safe_load(DCGM_RELEASE.read_text())
-    csv = release["spec"]["values"]["customMetrics"]
-    return {line.split(",")[0].strip() for line in csv.splitlines() if line.strip() and not line.startswith("#")}
-
-
 def upstream_dcgm_fields() -> set[str]:
     fields = set()
     for line in UPSTREAM_DCGM_FIELDS.read_text().splitlines():
@@ -119,23 +73,6 @@ def upstream_dcgm_fields() -> set[str]:
         if match:
             fields.add(match.group(1))
     return fields
-
-
-def trainer_metric_names() -> set[str]:
-    """Every series name the trainer's collector emits on global rank 0 of a node with EFA, once it has
-    a record, a progress deadline and a complete checkpoint (from the code itself)."""
-    with tempfile.TemporaryDirectory() as sysfs:
-        counters = Path(sysfs) / "rdmap0s0" / "ports" / "1" / "hw_counters"
-        counters.mkdir(parents=True)
-        for name, _, _ in EFA_COUNTERS:
-            (counters / name).write_text("1\n")
-        collector = TrainerCollector({"model": "tiny"}, job_wide=True, node_ranks=1, infiniband=Path(sysfs))
-        collector.update({**{key: 1.0 for key in TrainerCollector.JOB_GAUGES}, "peak_mem_gib": 1.0}, 1)
-        collector.deadline = 1.0
-        collector.checkpoint = {key: 1.0 for key in TrainerCollector.CHECKPOINT_GAUGES}
-        registry = CollectorRegistry()
-        registry.register(collector)
-        return {s.name for family in registry.collect() for s in family.samples}
 
 
 def known_metrics() -> set[str]:

@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -23,8 +22,8 @@ from typing import Any
 
 import pytest
 import yaml
+from observability_support import PrometheusAPI, short_for, wait_until
 from support import REPO_ROOT
-from test_observability_prometheus import PrometheusAPI, short_for, wait_until
 
 from tools.cluster import dryrun
 from tools.cluster.build import binary
@@ -175,7 +174,9 @@ def test_the_node_with_a_fatal_xid_is_tainted_noschedule_and_its_neighbour_is_no
         wait_until("the bad node tainted", lambda: ours(c, bad), 60, procs)
         firing = wait_until("FsdpGpuNodeUnhealthy", lambda: api.firing("FsdpGpuNodeUnhealthy"), 60, procs)
         assert [(a["labels"]["node"], a["labels"]["reason"]) for a in firing] == [(bad, "XID 79: GPU fell off the bus")]
-        time.sleep(3)  # six more polls: nothing more happens
+        # Six more polls of the tainter (its queries, as Prometheus counts them): nothing more happens.
+        polled = api.requests("/api/v1/query")
+        wait_until("six more polls", lambda: api.requests("/api/v1/query") > polled + 6, 60, procs)
         assert ours(c, bad) == [gpu_health.TAINT]  # NoSchedule, once
         assert taints(c, bad) == [*before[bad], gpu_health.TAINT]  # its own taints kept
         node = c.get("nodes", name=bad)
