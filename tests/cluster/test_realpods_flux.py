@@ -39,7 +39,7 @@ from typing import Any
 
 import pytest
 import yaml
-from test_realpods_runs import (
+from realpods_support import (
     BUSYBOX_IMAGE,
     CLUSTER,
     INSTANCE,

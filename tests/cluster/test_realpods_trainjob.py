@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 import yaml
-from test_realpods_runs import (
+from realpods_support import (
     CLUSTER,
     INSTANCE,
     INTERVAL,
@@ -38,10 +38,10 @@ from test_realpods_runs import (
     STEPS,
     TRAINER_UID,
     Deployment,
-    _copy_repository,
-    _set_images,
+    copy_repository,
     metrics,
     pod_problems,
+    set_images,
     small_matrix,
     stage_storage_and_data,
 )
@@ -79,7 +79,7 @@ def _image_field_of_trainjobs(folder: Path) -> None:
 def deployment(pods: Cluster) -> Iterator[Deployment]:
     started = time.monotonic()
     repo = pods.work / "repo-trainjob"
-    _copy_repository(repo)
+    copy_repository(repo)
     (repo / "matrix.yaml").write_text(yaml.safe_dump(trainjob_matrix(), sort_keys=False))
     res = subprocess.run(
         [sys.executable, "generators/expand.py", "matrix.yaml"], cwd=repo, capture_output=True, text=True
@@ -91,7 +91,7 @@ def deployment(pods: Cluster) -> Iterator[Deployment]:
     infra = repo / "overlays" / "infrastructure" / CLUSTER
     _image_field_of_trainjobs(repo / "overlays" / "runs" / CLUSTER / run)
     for folder in [infra / "configs", infra / "storage", infra / "data", repo / "overlays" / "runs" / CLUSTER / run]:
-        _set_images(folder, trainer, utility)
+        set_images(folder, trainer, utility)
     configs = dryrun.render(repo, f"overlays/infrastructure/{CLUSTER}/configs")
     (pvc,) = [x for x in configs if x["kind"] == "PersistentVolumeClaim"]
     volume = pods.level.shared_volume(pvc)
