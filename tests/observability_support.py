@@ -1,12 +1,15 @@
 """What the observability tests share: the monitoring configuration's files, the metric names a PromQL
 expression selects and the series the trainer and the DCGM exporter emit (the rules' and the
-dashboard's "exist"), and a small client of a real Prometheus's HTTP API with a bounded wait
-(tests/test_observability_prometheus.py, test_observability_dashboard.py, cluster/test_cluster_gpu_health.py)."""
+dashboard's "exist"), a small client of a real Prometheus's HTTP API with a bounded wait
+(tests/test_observability_prometheus.py, test_observability_dashboard.py, cluster/test_cluster_gpu_health.py),
+and a short CPU training run publishing progress annotations to an API server
+(test_observability_progress.py, cluster/test_cluster_progress.py)."""
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
 import tempfile
 import time
 import urllib.parse
@@ -19,6 +22,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from support import REPO_ROOT
+from trainer_support import finish, output_overrides, read_metrics, torchrun_cmd, trainer_env
 
 from trainer.metrics import EFA_COUNTERS, TrainerCollector
 
@@ -153,3 +157,39 @@ def short_for(spec: dict) -> dict:
             if "for" in rule:
                 rule["for"] = "2s"
     return spec
+
+
+# Progress annotations ---------------------------------------------------------------------------------
+
+POD = "tiny-run-worker-0"  # the pod the publisher patches
+STEPS = 12  # the length of run_trainer's run
+
+
+def in_cluster_env(sa: Path, port: int, interval_s: float) -> dict[str, str]:
+    """The environment of a pod that asked for progress annotations, its API server on loopback at `port`
+    and its service account token in the folder `sa`."""
+    return {
+        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+        "KUBERNETES_SERVICE_PORT": str(port),
+        "FSDP_POD_NAME": POD,
+        "FSDP_SERVICEACCOUNT_DIR": str(sa),
+        "FSDP_PROGRESS_INTERVAL_S": str(interval_s),
+    }
+
+
+def run_trainer(tmp_path: Path, env: dict[str, str]) -> tuple[str, list[dict]]:
+    """A STEPS-step CPU run under torchrun with `env` added, which must succeed: its log and its records."""
+    out = tmp_path / "run"
+    cmd = torchrun_cmd([*output_overrides(out), f"training.max_steps={STEPS}", "checkpoint.interval_steps=1000"])
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO_ROOT,
+        env=trainer_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    log = finish(proc)
+    assert proc.returncode == 0, log[-4000:]
+    return log, read_metrics(out)

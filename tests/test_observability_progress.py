@@ -5,6 +5,7 @@ The API here is a real HTTPS server started by the test on loopback (a self-sign
 with openssl, as the cluster harness makes the API server's), which records every request and
 answers as told: 200, an error status, or nothing at all (a hung connection). The trainer runs under
 real torchrun on CPU with the in-cluster environment pointed at it, or at a port nobody listens on.
+On a real kube-apiserver, with the run's generated RBAC: tests/cluster/test_cluster_progress.py.
 """
 
 from __future__ import annotations
@@ -18,15 +19,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from support import REPO_ROOT
-from trainer_support import finish, output_overrides, read_metrics, torchrun_cmd, trainer_env
+from observability_support import POD, STEPS, in_cluster_env, run_trainer
 
 from trainer.progress import ProgressPublisher, format_eta, pod_annotations
 
 TOKEN = "sa-token-of-the-run"
-POD = "tiny-run-worker-0"
 NAMESPACE = "fsdp"
-STEPS = 12
 
 RECORD = {
     "step": 120,
@@ -142,16 +140,6 @@ def serviceaccount_dir(tmp_path: Path, ca: Path | None = None) -> Path:
     return sa
 
 
-def in_cluster_env(sa: Path, port: int, interval_s: float) -> dict[str, str]:
-    return {
-        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
-        "KUBERNETES_SERVICE_PORT": str(port),
-        "FSDP_POD_NAME": POD,
-        "FSDP_SERVICEACCOUNT_DIR": str(sa),
-        "FSDP_PROGRESS_INTERVAL_S": str(interval_s),
-    }
-
-
 @pytest.fixture
 def api(tmp_path):
     server = FakeAPI(tmp_path)
@@ -175,23 +163,6 @@ def test_publisher_patches_its_pod_with_the_token_and_is_rate_limited(tmp_path, 
     assert last["headers"]["Content-Type"] == "application/merge-patch+json"
     assert last["body"]["metadata"]["annotations"]["fsdp-gitops/step"] == "1000/1000"
     assert last["body"]["metadata"]["annotations"]["fsdp-gitops/eta"] == "done"
-
-
-def run_trainer(tmp_path: Path, env: dict[str, str]) -> tuple[subprocess.CompletedProcess, list[dict]]:
-    out = tmp_path / "run"
-    cmd = torchrun_cmd([*output_overrides(out), f"training.max_steps={STEPS}", "checkpoint.interval_steps=1000"])
-    proc = subprocess.Popen(
-        cmd,
-        cwd=REPO_ROOT,
-        env=trainer_env(**env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    log = finish(proc)
-    assert proc.returncode == 0, log[-4000:]
-    return log, read_metrics(out)
 
 
 @pytest.mark.slow
@@ -221,107 +192,3 @@ def test_training_finishes_when_the_api_errors_and_hangs(tmp_path):
     assert len(api.requests) >= 3
     sent = [int(r["body"]["metadata"]["annotations"]["fsdp-gitops/step"].split("/")[0]) for r in api.requests]
     assert sent == sorted(sent) and set(sent) <= set(range(1, STEPS + 1))
-
-
-@pytest.mark.cluster
-def test_annotations_appear_on_a_real_api_server_with_rbac_that_allows_only_that(tmp_path):
-    """The run's generated RBAC on a real kube-apiserver (tools/cluster/harness.py): its token may
-    patch the run's own pods and nothing else, and the trainer's annotations land on its pod."""
-    from matrix_support import GOOD, plans
-
-    from generators.render.runs import progress_rbac
-    from tools.cluster.harness import Cluster, tool_path
-
-    p = next(p for p in plans(GOOD) if p.nodes == 2)
-    ns, pod = p.namespace, f"{p.name}-worker-0"
-
-    def bare_pod(name: str) -> dict:
-        return {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": ns},
-            "spec": {
-                "serviceAccountName": p.name,
-                "automountServiceAccountToken": False,
-                "containers": [{"name": "pytorch", "image": "example.invalid/trainer:1"}],
-            },
-        }
-
-    cluster = Cluster.start(level="api")
-    watch = None
-    try:
-        cluster.apply(
-            [
-                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
-                *progress_rbac(p),
-                bare_pod(pod),
-                bare_pod(f"{p.name}-worker-1"),
-                bare_pod("another-run-worker-0"),
-            ]
-        )
-        token = cluster.kubectl("create", "token", p.name, "-n", ns).strip()
-
-        def can_i(*args: str) -> str:
-            res = cluster.kubectl_result(f"--token={token}", "auth", "can-i", *args, "-n", ns)
-            return res.stdout.strip()
-
-        assert [can_i("patch", f"pods/{p.name}-worker-{i}") for i in range(2)] == ["yes", "yes"]
-        for denied in (
-            ("patch", "pods/another-run-worker-0"),
-            ("patch", f"pods/{p.name}-worker-2"),
-            ("get", f"pods/{pod}"),
-            ("list", "pods"),
-            ("create", "pods"),
-            ("delete", f"pods/{pod}"),
-            ("get", "secrets"),
-            ("patch", f"pytorchjobs.kubeflow.org/{p.name}"),
-        ):
-            assert can_i(*denied) == "no", denied
-
-        # Every change of the pod's annotations while the trainer runs, as kubectl sees them.
-        watch = subprocess.Popen(
-            [
-                tool_path("kubectl"),
-                f"--kubeconfig={cluster.kubeconfig}",
-                "get",
-                "pod",
-                pod,
-                "-n",
-                ns,
-                "--watch",
-                "-o",
-                'jsonpath={.metadata.annotations}{"\\n"}',
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        sa = tmp_path / "serviceaccount"
-        sa.mkdir()
-        (sa / "token").write_text(token)
-        (sa / "namespace").write_text(ns)
-        (sa / "ca.crt").write_bytes((cluster.work / "pki" / "apiserver.crt").read_bytes())
-        port = int(cluster.server.rsplit(":", 1)[1])
-        env = {**in_cluster_env(sa, port, 0), "FSDP_POD_NAME": pod}
-        log, records = run_trainer(tmp_path, env)
-        assert "warning: progress annotations" not in log, log[-3000:]
-        final = cluster.get("pod", ns, pod)["metadata"]["annotations"]
-        assert final["fsdp-gitops/step"] == f"{STEPS}/{STEPS}" and final["fsdp-gitops/eta"] == "done"
-        assert final["fsdp-gitops/loss"] == f"{records[-1]['loss']:.4f}"
-        watch.terminate()
-        seen = [json.loads(line) for line in watch.communicate(timeout=30)[0].splitlines() if line.startswith("{")]
-        steps = [int(a["fsdp-gitops/step"].split("/")[0]) for a in seen if "fsdp-gitops/step" in a]
-        assert steps and steps[-1] == STEPS and len(set(steps)) >= 2, seen  # updated during the run, not once
-        # The same token cannot annotate another run's pod: the API refuses, the publisher only counts it.
-        other = ProgressPublisher.from_environment(STEPS, {**env, "FSDP_POD_NAME": "another-run-worker-0"})
-        other.publish(records[-1], force=True)
-        other.close()
-        assert other.failed == 1 and other.sent == 0
-        assert "fsdp-gitops/step" not in (
-            cluster.get("pod", ns, "another-run-worker-0")["metadata"].get("annotations") or {}
-        )
-    finally:
-        if watch and watch.poll() is None:
-            watch.kill()
-            watch.wait()
-        cluster.stop()
