@@ -1,7 +1,7 @@
 """The shared volume's ownership Job (base/shared-storage): what it creates, that it is the one root
 container the pod-security rules allow (and only with the capabilities it names), and that Flux runs it
 before anything writes to the volume. Its effect on a real root:root 0755 directory is proven with real
-processes in tests/test_deploy_shared_storage_realpods.py."""
+processes in tests/cluster/test_deploy_shared_storage_realpods.py."""
 
 from __future__ import annotations
 
