@@ -1,21 +1,21 @@
 """The README's quick start is what a new user runs, and what CI runs: two commands, word for word.
 
 These tests hold the README, `.ci/run`, the pull-request workflow and the scripts behind the commands
-to each other, and run the parts of the scripts that decide what a fresh machine gets (which Python,
-root) for real.
+to each other, and run the parts of the scripts that decide what a fresh machine gets (which Python)
+for real. The test command as a user without root (root drops to that user):
+tests/cluster/test_quickstart_without_root.py.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import yaml
+from quickstart_support import bin_with, checkout_copy
 from support import REPO_ROOT
 
 MAIN = "python generators/expand.py matrix.yaml"
@@ -67,32 +67,15 @@ def test_the_pull_request_workflow_runs_the_readme_commands_and_nothing_else():
     assert uses == ["actions/checkout", "actions/setup-python", "actions/setup-go"]
 
 
-def _bin_with(tmp_path: Path, **links: str) -> Path:
-    """A PATH folder holding only the named commands (name -> target)."""
-    folder = tmp_path / "bin"
-    folder.mkdir()
-    for name, target in links.items():
-        (folder / name).symlink_to(target)
-    return folder
-
-
-def _checkout_copy(tmp_path: Path) -> Path:
-    repo = tmp_path / "repo"
-    (repo / "tools").mkdir(parents=True)
-    for name in ("python.sh", "test.sh"):
-        (repo / "tools" / name).write_bytes((REPO_ROOT / "tools" / name).read_bytes())
-    return repo
-
-
 def test_without_a_python_command_the_setup_makes_a_venv_with_python3(tmp_path):
     """Debian and Ubuntu: python3 only, no `python`; the quick start makes .venv/ and uses it."""
-    repo = _checkout_copy(tmp_path)
+    repo = checkout_copy(tmp_path)
     base = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
     tools = {
         name: f"/usr/bin/{name}" if Path(f"/usr/bin/{name}").exists() else f"/bin/{name}"
         for name in ("bash", "dirname")
     }
-    path = _bin_with(tmp_path, python3=str(base), **tools)
+    path = bin_with(tmp_path, python3=str(base), **tools)
     env = {"PATH": str(path), "HOME": str(tmp_path)}
     first = subprocess.run(["bash", "tools/python.sh"], cwd=repo, env=env, capture_output=True, text=True, timeout=120)
     assert first.returncode == 0, first.stderr
@@ -106,7 +89,7 @@ def test_without_a_python_command_the_setup_makes_a_venv_with_python3(tmp_path):
 
 
 def test_an_active_virtualenv_is_used_as_it_is(tmp_path):
-    repo = _checkout_copy(tmp_path)
+    repo = checkout_copy(tmp_path)
     venv = tmp_path / "mine"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").symlink_to(sys.executable)
@@ -114,29 +97,6 @@ def test_an_active_virtualenv_is_used_as_it_is(tmp_path):
     out = subprocess.run(["bash", "tools/python.sh"], cwd=repo, env=env, capture_output=True, text=True)
     assert out.stdout.strip() == str(venv / "bin" / "python")
     assert not (repo / ".venv").exists()
-
-
-def test_the_test_command_as_a_user_without_root_or_sudo_stops_with_one_line(tmp_path):
-    """Every tier runs or none: a user who cannot become root is told how, before anything is installed."""
-    # Outside pytest's tmp_path, whose parents only root may enter.
-    tmp_path = Path(tempfile.mkdtemp(prefix="fsdp-quickstart-", dir="/tmp"))
-    tmp_path.chmod(0o755)
-    repo = _checkout_copy(tmp_path)
-    path = _bin_with(tmp_path, bash="/bin/bash", id="/usr/bin/id", dirname="/usr/bin/dirname")
-    proc = subprocess.run(
-        ["/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "bash", "tools/test.sh"],
-        cwd=repo,
-        env={"PATH": str(path), "HOME": str(tmp_path), "PYTHON": sys.executable},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip().splitlines() == [
-        "tools/test.sh: the real-pods tier needs root: run it as root ('sudo bash tools/test.sh')"
-    ]
-    assert sorted(p.name for p in repo.iterdir()) == ["tools"]
-    shutil.rmtree(tmp_path)
 
 
 def test_the_debian_packages_the_tests_build_against_are_listed_and_installed_by_the_setup():
