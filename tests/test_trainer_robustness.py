@@ -3,7 +3,8 @@
 Unit tests call trainer.data and trainer.checkpoint directly (a real single-process DCP checkpoint);
 the slow ones run trainer/configs/tiny.yaml on 2 CPU ranks through `python -m trainer.launch`
 (real torchrun underneath) and break things the way a cluster does: SIGTERM to the launcher, a
-truncated shard, a tmpfs that fills up during a checkpoint (mounted in a private mount namespace).
+truncated shard. A tmpfs that fills up during a checkpoint (a mount namespace, as root):
+tests/cluster/test_trainer_full_disk.py.
 """
 
 from __future__ import annotations
@@ -28,11 +29,13 @@ from trainer_support import (
     free_port,
     output_overrides,
     read_metrics,
+    run_launcher,
+    start_launcher,
     trainer_env,
     wait_for,
 )
 
-from trainer.checkpoint import COMPLETE, TEST_HOOK_ENV, compare_configs, load_scheduler_state, verify
+from trainer.checkpoint import COMPLETE, compare_configs, load_scheduler_state, verify
 from trainer.config import TrainingConfig, from_dict, to_dict
 from trainer.data import IGNORE_INDEX, ByteTokenizer, fit_example, pack, tokenize_example
 from trainer.optim import build_scheduler, lr_factor
@@ -163,40 +166,6 @@ def test_verify_finds_truncated_and_missing_files(tmp_path):
 # --- real runs (torchrun through trainer.launch) ----------------------------------------------------
 
 
-def launch_cmd(overrides, nproc: int = 2) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "trainer.launch",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        "-m",
-        "trainer.train",
-        "--config",
-        str(TINY),
-        *overrides,
-    ]
-
-
-def launch(overrides, nproc: int = 2, prefix=(), env=None) -> subprocess.Popen:
-    return subprocess.Popen(
-        [*prefix, *launch_cmd(overrides, nproc)],
-        cwd=REPO_ROOT,
-        env=env or trainer_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-
-
-def run_launch(overrides, expect_rc: int = 0, **kwargs) -> str:
-    proc = launch(overrides, **kwargs)
-    out = finish(proc)
-    assert proc.returncode == expect_rc, f"exit {proc.returncode}, expected {expect_rc}:\n{out[-4000:]}"
-    return out
-
-
 def tree_hash(path: Path) -> dict[str, str]:
     return {
         str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
@@ -209,7 +178,7 @@ def tree_hash(path: Path) -> dict[str, str]:
 def ten_steps(tmp_path_factory) -> Path:
     """A 2-rank run of 10 steps with checkpoints at steps 5 and 10."""
     out = tmp_path_factory.mktemp("ten")
-    run_launch([*output_overrides(out), "training.max_steps=10", "checkpoint.interval_steps=5"])
+    run_launcher([*output_overrides(out), "training.max_steps=10", "checkpoint.interval_steps=5"])
     assert sorted(p.name for p in (out / "ckpt").iterdir()) == ["step-00000005", "step-00000010"]
     return out
 
@@ -217,7 +186,7 @@ def ten_steps(tmp_path_factory) -> Path:
 @pytest.mark.slow
 def test_sigterm_checkpoints_the_step_exits_143_and_the_restart_resumes(tmp_path):
     overrides = [*output_overrides(tmp_path), "training.max_steps=400", "checkpoint.interval_steps=0"]
-    proc = launch(overrides)
+    proc = start_launcher(overrides)
     metrics = tmp_path / "metrics" / "metrics.jsonl"
     wait_for(
         lambda: metrics.is_file() and len(metrics.read_text().splitlines()) >= 3,
@@ -239,7 +208,7 @@ def test_sigterm_checkpoints_the_step_exits_143_and_the_restart_resumes(tmp_path
     assert "Traceback" not in log
 
     # The restarted job resumes there; a changed lr and length are said in one line and applied.
-    log = run_launch([*output_overrides(tmp_path), f"training.max_steps={step + 3}", "training.lr=1e-3"])
+    log = run_launcher([*output_overrides(tmp_path), f"training.max_steps={step + 3}", "training.lr=1e-3"])
     assert f"resumed from {ckpt} at step {step}" in log
     assert f"training.lr 0.003 -> 0.001; training.max_steps 400 -> {step + 3}" in log
     resumed = read_metrics(tmp_path)[len(records) :]
@@ -311,7 +280,7 @@ def test_truncated_newest_checkpoint_falls_back_and_another_world_size_reshards(
     shard = tmp_path / "ckpt" / "step-00000010" / "__1_0.distcp"
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
     # One rank with twice the batch: the same global batch of 8 rows, so the losses are comparable.
-    log = run_launch([*output_overrides(tmp_path), "training.max_steps=10", "training.batch_size_per_gpu=8"], nproc=1)
+    log = run_launcher([*output_overrides(tmp_path), "training.max_steps=10", "training.batch_size_per_gpu=8"], nproc=1)
     lines = [line for line in log.splitlines() if "cannot be loaded" in line]
     assert len(lines) == 1 and "step-00000010" in lines[0] and "__1_0.distcp" in lines[0], log[-3000:]
     assert (tmp_path / "ckpt" / ".corrupt-step-00000010").is_dir()
@@ -330,42 +299,8 @@ def test_truncated_newest_checkpoint_falls_back_and_another_world_size_reshards(
 def test_resume_with_another_sequence_length_is_refused_in_one_line(ten_steps, tmp_path):
     shutil.copytree(ten_steps / "ckpt", tmp_path / "ckpt")
     before = tree_hash(tmp_path / "ckpt")
-    log = run_launch([*output_overrides(tmp_path), "data.seq_len=256"], expect_rc=2)
+    log = run_launcher([*output_overrides(tmp_path), "data.seq_len=256"], expect_rc=2)
     errors = [line for line in log.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "data.seq_len 512 -> 256" in errors[0] and "step-00000010" in errors[0], log[-3000:]
     assert "Traceback" not in log
     assert tree_hash(tmp_path / "ckpt") == before
-
-
-@pytest.mark.slow
-def test_full_disk_during_a_checkpoint_is_one_line_and_keeps_the_previous_one(tmp_path):
-    # A checkpoint of the tiny model takes about 2 MB; the 8 MB volume passes the start check for
-    # keep_last 2 (trainer/storage.py). Another writer then fills it while step 5 is being written
-    # (held by the test hook after its shards), leaving 64 kB for step 5's last small files: step 10
-    # finds no room.
-    ckpt, copy, hook = tmp_path / "ckpt", tmp_path / "after", tmp_path / "hook"
-    for folder in (ckpt, copy, hook):
-        folder.mkdir()
-    (hook / "hold-step-5").touch()
-    script = (
-        'mount -t tmpfs -o size=8m fsdp-test-full "$CKPT" || exit 99; '
-        '(while [ ! -e "$HOOK/held-step-5-rank-0" ] || [ ! -e "$HOOK/held-step-5-rank-1" ]; do sleep 0.05; done; '
-        'head -c $(( $(df -B1 --output=avail "$CKPT" | tail -1) - 65536 )) /dev/zero > "$CKPT/filler"; '
-        'rm "$HOOK/hold-step-5") & '
-        '"$@"; rc=$?; rm "$CKPT/filler"; cp -a "$CKPT/." "$COPY/"; exit $rc'
-    )
-    env = trainer_env(CKPT=str(ckpt), COPY=str(copy), HOOK=str(hook), **{TEST_HOOK_ENV: str(hook)})
-    log = run_launch(
-        [*output_overrides(tmp_path), "training.max_steps=10", "checkpoint.interval_steps=5"],
-        expect_rc=202,
-        prefix=["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh"],
-        env=env,
-    )
-    errors = [line for line in log.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, log[-4000:]
-    assert "step-00000010 failed: No space left on device" in errors[0]
-    assert f"{ckpt / 'step-00000005'} is intact" in errors[0]
-    assert "Traceback" not in log
-    # Inside the namespace: step 5 whole and loadable, nothing half-written left taking space.
-    assert sorted(p.name for p in copy.iterdir()) == ["step-00000005"]
-    assert verify(str(copy / "step-00000005")) is None

@@ -96,6 +96,45 @@ def run(overrides: Sequence[str], *, expect_rc: int = 0, **kwargs) -> str:
     return out
 
 
+def launcher_cmd(overrides: Sequence[str], nproc: int = 2) -> list[str]:
+    """`python -m trainer.launch --standalone` of the tiny config on `nproc` CPU ranks."""
+    return [
+        sys.executable,
+        "-m",
+        "trainer.launch",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "trainer.train",
+        "--config",
+        str(TINY),
+        *overrides,
+    ]
+
+
+def start_launcher(
+    overrides: Sequence[str], nproc: int = 2, prefix: Sequence[str] = (), env: dict[str, str] | None = None
+) -> subprocess.Popen:
+    """launcher_cmd started (after `prefix`, a command that runs it), its output piped."""
+    return subprocess.Popen(
+        [*prefix, *launcher_cmd(overrides, nproc)],
+        cwd=REPO_ROOT,
+        env=env or trainer_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def run_launcher(overrides: Sequence[str], expect_rc: int = 0, **kwargs) -> str:
+    """start_launcher to its end, which must be `expect_rc`: its output."""
+    proc = start_launcher(overrides, **kwargs)
+    out = finish(proc)
+    assert proc.returncode == expect_rc, f"exit {proc.returncode}, expected {expect_rc}:\n{out[-4000:]}"
+    return out
+
+
 def read_metrics(out: Path) -> list[dict]:
     path = out / "metrics" / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -136,6 +175,16 @@ def wait_for(predicate: Callable[[], bool], proc: subprocess.Popen, timeout: flo
             os.killpg(proc.pid, signal.SIGKILL)
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.02)
+
+
+def wait_for_line(log: Path, text: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+    """Poll the process's log file until it holds `text`; fail with the log's end if the process exits
+    first or `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while text not in log.read_text():
+        assert proc.poll() is None, f"exited {proc.returncode} before {text!r}:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no {text!r} in {timeout}s:\n{log.read_text()[-3000:]}"
+        time.sleep(0.2)
 
 
 def kill_rank_after_checkpoint(proc: subprocess.Popen, ckpt_dir: Path, step: int, rank: int = 1) -> None:
