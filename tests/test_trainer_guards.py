@@ -167,10 +167,17 @@ def test_a_later_end_written_while_running_moves_the_stop(tmp_path):
     block.write_text(block_end_in(3, 30))
     watch = capacity_block.BlockWatch(str(block), grace_s=30, poll_s=0.2)
     watch.check_at_start()
+    old_stop = capacity_block.stop_time(watch.end, 30)
     reasons: list[str] = []
     watch.start(reasons.append)
     block.write_text(block_end_in(3600, 30))  # the block was extended
-    time.sleep(5)
+    extended = watch.read()
+    deadline = time.monotonic() + 30
+    # The watch reads the new end, then the old stop time passes with two more of its polls: no stop.
+    while watch.end != extended or time.time() < old_stop + 2 * watch.poll_s:
+        assert reasons == [], reasons
+        assert time.monotonic() < deadline, f"the watch still has end {watch.end}, not the extended {extended}"
+        time.sleep(0.05)
     watch.close()
     assert reasons == []
 
