@@ -154,7 +154,9 @@ def rows(jobs: Mapping[str, Sequence[Mapping[str, Any]]], pods: Sequence[Mapping
     return sorted(out, key=lambda r: (r.namespace, r.run, r.api))
 
 
-def _kubectl_runner(kubeconfig: str | None, context: str | None) -> Kubectl:
+def kubectl_runner(kubeconfig: str | None, context: str | None) -> Kubectl:
+    """A Kubectl that runs kubectl against `kubeconfig` and `context` (kubectl's defaults where None), each
+    call with a request timeout, raising ToolError when the API server does not answer in TIMEOUT_S."""
     base = [tool("kubectl")]
     if kubeconfig:
         base.append(f"--kubeconfig={kubeconfig}")
@@ -273,7 +275,7 @@ def check_kubeconfig(kubeconfig: str | None, environ: Mapping[str, str]) -> None
 def main(kubeconfig: str | None, context: str | None, namespace: str | None, fmt: str) -> None:
     """List every run of the cluster: job API, phase, step, tokens/s, ETA, last checkpoint, restarts."""
     check_kubeconfig(kubeconfig, os.environ)
-    kubectl = _kubectl_runner(kubeconfig, context)
+    kubectl = kubectl_runner(kubeconfig, context)
     if context is not None:
         check_context(kubectl, context)
     found = read_cluster(kubectl, namespace)

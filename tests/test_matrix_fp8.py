@@ -14,7 +14,7 @@ from generators.matrix import expand as expand_runs
 from generators.matrix import load
 from generators.plan import plan_runs
 from generators.plan.cost import load_prices
-from generators.plan.estimate import _candidates, estimate_matrix
+from generators.plan.estimate import estimate_matrix, fit_candidates
 
 RUNS = """\
 defaults:
@@ -77,7 +77,7 @@ def test_the_cheapest_fix_never_proposes_fp8_on_an_a100():
     assert a100.refusal is not None and h100.refusal is not None
     assert a100.refusal.fix and "fp8" not in a100.refusal.fix, a100.refusal.fix
     # fp8 stays a candidate where the GPU has float8 tensor cores.
-    families = _candidates(h100.figures.cfg, 1, 8, 1)
+    families = fit_candidates(h100.figures.cfg, 1, 8, 1)
     assert any(label.startswith("trainer.parallelism.precision: fp8") for f in families for label, _, _ in f)
-    families = _candidates(a100.figures.cfg, 1, 8, 1, fp8_capable=False)
+    families = fit_candidates(a100.figures.cfg, 1, 8, 1, fp8_capable=False)
     assert not any("fp8" in label for f in families for label, _, _ in f)

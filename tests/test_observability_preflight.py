@@ -17,7 +17,7 @@ from generators.core.gotools import tool
 from generators.render.layout import layout_for
 from generators.render.preflight import MIN_BUSBW_FRACTION, render_preflight
 from trainer.catalog import INSTANCE_TYPES
-from trainer.preflight import _parse_args
+from trainer.preflight import parse_args
 
 RULES = REPO_ROOT / "base" / "monitoring" / "configs" / "prometheusrule-fsdp.yaml"
 # A cluster with an EFA instance type of each P5 network generation and a P4.
@@ -119,7 +119,7 @@ def test_command_is_the_preflight_program_with_the_catalog_minimum(built):
         assert f"--rdzv-endpoint={name}-0.{name}:29400" in cmd
         module = cmd.index("trainer.preflight")
         assert cmd[module - 1] == "-m"
-        args = _parse_args(cmd[module + 1 :])  # the program accepts exactly these arguments
+        args = parse_args(cmd[module + 1 :])  # the program accepts exactly these arguments
         assert args.expect_transport == "efa"
         assert args.min_busbw_gbs == pytest.approx(MIN_BUSBW_FRACTION * instance.network_gbps / 8)
         assert args.min_busbw_gbs > 0

@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.fsdp import fully_shard
 from trainer_support import free_port, output_overrides, run
 
-from trainer.checkpoint import Checkpointer, HostStaging, _tensors, verify
+from trainer.checkpoint import Checkpointer, HostStaging, all_tensors, verify
 from trainer.config import CheckpointConfig
 from trainer.optim import AdamWBf16State
 
@@ -104,7 +104,7 @@ def test_host_staging_reuses_its_buffers_and_copies_the_values(one_rank):
     live = next(iter(model_sd.values()))
     assert first.to_local().data_ptr() != live.to_local().data_ptr()
     assert torch.equal(first.to_local(), live.to_local()) and first.placements == live.placements
-    local = [t.to_local() if hasattr(t, "to_local") else t for t in _tensors({"model": model_sd, "optim": optim_sd})]
+    local = [t.to_local() if hasattr(t, "to_local") else t for t in all_tensors({"model": model_sd, "optim": optim_sd})]
     assert staging.bytes == sum(t.numel() * t.element_size() for t in local)
     staging.close()
 

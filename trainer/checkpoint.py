@@ -890,11 +890,11 @@ class Checkpointer:
             live |= {id(p) for p in model.parameters()}
             state = {"model": model_sd, "optim": optim_sd}
             dcp.load(state, checkpoint_id=path)
-            loaded = [t for t in _tensors(state["optim"].get("state", {}))]
+            loaded = [t for t in all_tensors(state["optim"].get("state", {}))]
             if not all(id(t) in live for t in loaded):
                 in_place = False
                 set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-            elif not all(id(t) in live for t in _tensors(state["model"])):
+            elif not all(id(t) in live for t in all_tensors(state["model"])):
                 set_model_state_dict(model, state["model"])
         rng_file = os.path.join(path, f"rng-rank{self.rank:05d}.pt")
         if os.path.isfile(rng_file):
@@ -915,10 +915,10 @@ class Checkpointer:
             return json.load(fh)
 
 
-def _tensors(obj: Any) -> list[torch.Tensor]:
+def all_tensors(obj: Any) -> list[torch.Tensor]:
     """Every tensor in a nested state dict."""
     if isinstance(obj, Mapping):
-        return [t for v in obj.values() for t in _tensors(v)]
+        return [t for v in obj.values() for t in all_tensors(v)]
     if isinstance(obj, (list, tuple)):
-        return [t for v in obj for t in _tensors(v)]
+        return [t for v in obj for t in all_tensors(v)]
     return [obj] if isinstance(obj, torch.Tensor) else []

@@ -106,7 +106,8 @@ def bus_bandwidth(algbw_gbs: float, world_size: int) -> float:
     return algbw_gbs * 2 * (world_size - 1) / world_size
 
 
-def _parse_args(argv):
+def parse_args(argv):
+    """The preflight's command-line arguments from `argv` (sys.argv[1:] when None), their ranges checked."""
     parser = argparse.ArgumentParser(
         prog="torchrun ... -m trainer.preflight", description="Measure all-reduce bus bandwidth and NCCL's transport."
     )
@@ -129,7 +130,7 @@ def _parse_args(argv):
 
 
 def main(argv=None) -> int:
-    args = _parse_args(argv)
+    args = parse_args(argv)
     import torch
     import torch.distributed as dist
 

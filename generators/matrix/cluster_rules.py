@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from generators.core.yamlio import LineDict
-from generators.matrix.fields import _err
+from generators.matrix.fields import field_error
 from generators.matrix.schema import JOB_APIS
 
 # A registry host (with an optional port), as the first part of an image reference.
@@ -19,7 +19,7 @@ def job_api_and_kueue(file: str, data: LineDict, prefix: str, job_api: str, kueu
     where `kueue: true` is refused (the pinned Kueue admits a TrainJob with Kubeflow Trainer v2.1 types,
     which drop its runtimePatches, so its JobSet never starts: docs/job-api.md)."""
     if job_api not in JOB_APIS:
-        raise _err(
+        raise field_error(
             file,
             data.key_lines["job_api"],
             f"{prefix}.job_api",
@@ -29,7 +29,7 @@ def job_api_and_kueue(file: str, data: LineDict, prefix: str, job_api: str, kueu
     if job_api != "trainjob":
         return kueue
     if kueue and "kueue" in data.key_lines:
-        raise _err(
+        raise field_error(
             file,
             data.key_lines["kueue"],
             f"{prefix}.kueue",
@@ -43,7 +43,7 @@ def job_api_and_kueue(file: str, data: LineDict, prefix: str, job_api: str, kueu
 def check_registry(file: str, data: LineDict, prefix: str, registry: str) -> None:
     """`registry`, where set, is a registry host alone."""
     if registry and not REGISTRY.fullmatch(registry):
-        raise _err(
+        raise field_error(
             file,
             data.key_lines["registry"],
             f"{prefix}.registry",

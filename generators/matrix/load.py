@@ -50,15 +50,15 @@ from typing import Any
 from generators.core.yamlio import LineDict, LineList, load_yaml, read_input
 from generators.matrix.cluster_rules import check_registry, job_api_and_kueue
 from generators.matrix.fields import (
-    _check_keys,
-    _describe,
-    _err,
-    _fields,
-    _is_type,
-    _mapping,
-    _str_list,
-    _suggest,
-    _type_word,
+    check_fields,
+    check_keys,
+    check_str_list,
+    describe_value,
+    field_error,
+    is_type,
+    require_mapping,
+    suggest_key,
+    type_word,
 )
 from generators.matrix.images import check as check_image
 from generators.matrix.schema import (
@@ -165,10 +165,10 @@ class Matrix:
 
 
 def _parse_repository(file: str, data: Any, line: int) -> GitSource:
-    data = _mapping(file, data, line, "repository", "url and branch of the Git repository Flux syncs")
-    f = _fields(file, data, REPOSITORY_FIELDS, "repository")
+    data = require_mapping(file, data, line, "repository", "url and branch of the Git repository Flux syncs")
+    f = check_fields(file, data, REPOSITORY_FIELDS, "repository")
     if not _GIT_URL.match(f["url"]):
-        raise _err(
+        raise field_error(
             file,
             data.key_lines["url"],
             "repository.url",
@@ -176,7 +176,7 @@ def _parse_repository(file: str, data: Any, line: int) -> GitSource:
             "use the clone URL, e.g. https://github.com/example/fsdp-gitops",
         )
     if not f["branch"] or _BAD_BRANCH.search(f["branch"]):
-        raise _err(
+        raise field_error(
             file,
             data.key_lines.get("branch", data.line),
             "repository.branch",
@@ -189,17 +189,17 @@ def _parse_repository(file: str, data: Any, line: int) -> GitSource:
 def _parse_cluster(file: str, name: str, data: Any, line: int, now: dt.datetime) -> Cluster:
     prefix = f"clusters.{name}"
     if not _DNS1123_LABEL.match(name) or len(name) > 30:
-        raise _err(
+        raise field_error(
             file,
             line,
             prefix,
             f"cluster name {name!r} is not a DNS-1123 label of at most 30 characters",
             "use lowercase letters, digits and '-', e.g. fsdp-p5",
         )
-    data = _mapping(file, data, line, prefix, "what the cluster offers")
-    f = _fields(file, data, CLUSTER_FIELDS, prefix)
+    data = require_mapping(file, data, line, prefix, "what the cluster offers")
+    f = check_fields(file, data, CLUSTER_FIELDS, prefix)
     if not _DNS1123_LABEL.match(f["namespace"]) or len(f["namespace"]) > 63:
-        raise _err(
+        raise field_error(
             file,
             data.key_lines.get("namespace", data.line),
             f"{prefix}.namespace",
@@ -207,17 +207,17 @@ def _parse_cluster(file: str, name: str, data: Any, line: int, now: dt.datetime)
             "use a DNS-1123 label, e.g. fsdp",
         )
     if f["namespace"] in SYSTEM_NAMESPACES or f["namespace"].startswith("kube-"):
-        raise _err(
+        raise field_error(
             file,
             data.key_lines.get("namespace", data.line),
             f"{prefix}.namespace",
             f"{f['namespace']!r} is a system namespace (Kubernetes, Flux or this repository's infrastructure)",
             "give the runs a namespace of their own, e.g. fsdp",
         )
-    types = _str_list(file, data, "instance_types", prefix, None, "instance type", nonempty=True)
+    types = check_str_list(file, data, "instance_types", prefix, None, "instance type", nonempty=True)
     for i, itype in enumerate(types):
         if itype not in INSTANCE_TYPES:
-            raise _err(
+            raise field_error(
                 file,
                 data["instance_types"].item_lines[i],
                 f"{prefix}.instance_types[{i}]",
@@ -225,24 +225,24 @@ def _parse_cluster(file: str, name: str, data: Any, line: int, now: dt.datetime)
                 f"use one of {', '.join(sorted(INSTANCE_TYPES))}",
             )
     if not _REGION.match(f["region"]):
-        raise _err(
+        raise field_error(
             file,
             data.key_lines["region"],
             f"{prefix}.region",
             f"{f['region']!r} is not an AWS region",
             "write a region such as us-west-2",
         )
-    zones = _str_list(file, data, "availability_zones", prefix, None, "availability zone", nonempty=True)
+    zones = check_str_list(file, data, "availability_zones", prefix, None, "availability zone", nonempty=True)
     for i, zone in enumerate(zones):
         if not re.fullmatch(re.escape(f["region"]) + r"[a-z]", zone):
-            raise _err(
+            raise field_error(
                 file,
                 data["availability_zones"].item_lines[i],
                 f"{prefix}.availability_zones[{i}]",
                 f"{zone!r} is not a zone of region {f['region']}",
                 f"write a zone such as {f['region']}a",
             )
-    reservations = _str_list(
+    reservations = check_str_list(
         file,
         data,
         "capacity_reservation_ids",
@@ -252,7 +252,7 @@ def _parse_cluster(file: str, name: str, data: Any, line: int, now: dt.datetime)
         nonempty=False,
     )
     if f["capacity_blocks"] and not reservations:
-        raise _err(
+        raise field_error(
             file,
             data.key_lines["capacity_blocks"],
             f"{prefix}.capacity_blocks",
@@ -264,7 +264,7 @@ def _parse_cluster(file: str, name: str, data: Any, line: int, now: dt.datetime)
         check_block_end(file, data, prefix, f["capacity_block_end"], f["capacity_blocks"], now)
     check_registry(file, data, prefix, f["registry"])
     if not _K8S_VERSION.match(f["kubernetes_version"]):
-        raise _err(
+        raise field_error(
             file,
             data.key_lines["kubernetes_version"],
             f"{prefix}.kubernetes_version",
@@ -273,7 +273,7 @@ def _parse_cluster(file: str, name: str, data: Any, line: int, now: dt.datetime)
         )
     for field_name, least in (("volume_size_gib", 20), ("max_nodes", 1), ("shared_storage_gib", 1)):
         if f[field_name] < least:
-            raise _err(
+            raise field_error(
                 file,
                 data.key_lines.get(field_name, data.line),
                 f"{prefix}.{field_name}",
@@ -281,7 +281,7 @@ def _parse_cluster(file: str, name: str, data: Any, line: int, now: dt.datetime)
                 f"set it to at least {least}",
             )
         if f[field_name] > INT32_MAX:
-            raise _err(
+            raise field_error(
                 file,
                 data.key_lines.get(field_name, data.line),
                 f"{prefix}.{field_name}",
@@ -324,17 +324,17 @@ class _Flattener:
         node = schema_at(path)
         if isinstance(node, dict):  # a section (or the run itself)
             what = "run fields" if not path else f"keys of {path}"
-            data = _mapping(self.file, value, line, key, what)
+            data = require_mapping(self.file, value, line, key, what)
             for sub, sub_value in data.items():
                 sub_line = data.key_lines[sub]
                 sub_key = f"{key}.{sub}"
                 sub_path = f"{path}.{sub}" if path else sub
                 if not _schema_ok(sub_path):
-                    raise _err(self.file, sub_line, sub_key, *_unknown_key(path, sub, "use a known key"))
+                    raise field_error(self.file, sub_line, sub_key, *_unknown_key(path, sub, "use a known key"))
                 self._walk(sub_value, sub_line, sub_key, sub_path, leaves)
             return
         if path in leaves:
-            raise _err(
+            raise field_error(
                 self.file,
                 line,
                 key,
@@ -346,31 +346,33 @@ class _Flattener:
     def value(self, path: str, value: Any, line: int, key: str) -> Any:
         """Check a leaf value: run fields fully here, trainer values later by from_dict."""
         if isinstance(value, (Mapping, list)):
-            raise _err(
+            raise field_error(
                 self.file,
                 line,
                 key,
-                f"got {_describe(value)}; must be a single value",
+                f"got {describe_value(value)}; must be a single value",
                 "give one value (use `axes` to vary it)",
             )
         if path.startswith("trainer."):
             if isinstance(value, float) and not math.isfinite(value):
-                raise _err(self.file, line, key, f"{value} is not a finite number", "give a finite number")
+                raise field_error(self.file, line, key, f"{value} is not a finite number", "give a finite number")
             if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT64_MAX:
-                raise _err(self.file, line, key, f"{value} does not fit in 64 bits", "give a smaller number")
+                raise field_error(self.file, line, key, f"{value} does not fit in 64 bits", "give a smaller number")
             return value
         spec = RUN_FIELDS[path]
         tp = spec.type
-        if not _is_type(value, tp):
-            fix = f"set {path} to {_type_word(tp)}"
+        if not is_type(value, tp):
+            fix = f"set {path} to {type_word(tp)}"
             if tp is str and value is not None and not isinstance(value, bool):
                 fix = f'quote it: {path}: "{value}"'
-            raise _err(self.file, line, key, f"got {_describe(value)}; must be {_type_word(tp)}", fix)
+            raise field_error(self.file, line, key, f"got {describe_value(value)}; must be {type_word(tp)}", fix)
         if spec.choices and value not in spec.choices:
             what = "rendezvous backend" if path == "rdzv_backend" else path
-            raise _err(self.file, line, key, f"unknown {what} {value!r}", f"use {' or '.join(map(str, spec.choices))}")
+            raise field_error(
+                self.file, line, key, f"unknown {what} {value!r}", f"use {' or '.join(map(str, spec.choices))}"
+            )
         if path == "cluster" and value not in self.clusters:
-            raise _err(
+            raise field_error(
                 self.file,
                 line,
                 key,
@@ -378,9 +380,11 @@ class _Flattener:
                 f"use one of the clusters defined under clusters: {', '.join(sorted(self.clusters)) or '(none)'}",
             )
         if path == "model" and value not in MODELS:
-            raise _err(self.file, line, key, f"unknown model {value!r}", f"use one of {', '.join(sorted(MODELS))}")
+            raise field_error(
+                self.file, line, key, f"unknown model {value!r}", f"use one of {', '.join(sorted(MODELS))}"
+            )
         if path == "instance_type" and value not in INSTANCE_TYPES:
-            raise _err(
+            raise field_error(
                 self.file,
                 line,
                 key,
@@ -389,10 +393,10 @@ class _Flattener:
             )
         least = spec.minimum
         if least is not None and value < least:
-            raise _err(self.file, line, key, f"{value} is below {least}", f"set {path} to {least} or more")
+            raise field_error(self.file, line, key, f"{value} is below {least}", f"set {path} to {least} or more")
         most = spec.maximum if spec.maximum is not None else INT32_MAX
         if tp is int and value > most:
-            raise _err(
+            raise field_error(
                 self.file,
                 line,
                 key,
@@ -402,9 +406,9 @@ class _Flattener:
         if path == "image":
             what, fix = check_image(value)
             if what:
-                raise _err(self.file, line, key, what if value else "is empty", fix)
+                raise field_error(self.file, line, key, what if value else "is empty", fix)
         if path == "name" and (not _DNS1035_LABEL.match(value) or len(value) > NAME_PREFIX_MAX):
-            raise _err(
+            raise field_error(
                 self.file,
                 line,
                 key,
@@ -419,7 +423,7 @@ def parse(data: Any, file: str, *, now: dt.datetime | None = None) -> Matrix:
     is the time a capacity_block_end must lie after, and the Matrix keeps it as checked_at."""
     now = now if now is not None else utc_now()
     if data is None:
-        raise _err(
+        raise field_error(
             file,
             1,
             "(top level)",
@@ -427,35 +431,37 @@ def parse(data: Any, file: str, *, now: dt.datetime | None = None) -> Matrix:
             f"start with 'apiVersion: {API_VERSION}' and 'kind: {KIND}' (see docs/matrix.md)",
         )
     if not isinstance(data, LineDict):
-        raise _err(
+        raise field_error(
             file,
             1,
             "(top level)",
-            f"the top level is {_describe(data)}, not a mapping",
+            f"the top level is {describe_value(data)}, not a mapping",
             "write the sections apiVersion, kind, repository, clusters, defaults, axes, include, exclude",
         )
-    _check_keys(file, data, TOP_LEVEL_KEYS, "")
+    check_keys(file, data, TOP_LEVEL_KEYS, "")
     lines = data.key_lines
     if data.get("apiVersion") != API_VERSION:
-        raise _err(
+        raise field_error(
             file,
             lines.get("apiVersion", data.line),
             "apiVersion",
-            f"got {_describe(data.get('apiVersion'))}; this generator reads {API_VERSION}",
+            f"got {describe_value(data.get('apiVersion'))}; this generator reads {API_VERSION}",
             f"set apiVersion: {API_VERSION}",
         )
     if data.get("kind") != KIND:
-        raise _err(
-            file, lines.get("kind", data.line), "kind", f"got {_describe(data.get('kind'))}", f"set kind: {KIND}"
+        raise field_error(
+            file, lines.get("kind", data.line), "kind", f"got {describe_value(data.get('kind'))}", f"set kind: {KIND}"
         )
     for required in ("repository", "clusters"):
         if required not in data:
-            raise _err(file, data.line, required, "is required", f"add a {required} section (see docs/matrix.md)")
+            raise field_error(
+                file, data.line, required, "is required", f"add a {required} section (see docs/matrix.md)"
+            )
     repository = _parse_repository(file, data["repository"], lines["repository"])
 
-    raw_clusters = _mapping(file, data["clusters"], lines["clusters"], "clusters", "cluster name -> settings")
+    raw_clusters = require_mapping(file, data["clusters"], lines["clusters"], "clusters", "cluster name -> settings")
     if not raw_clusters:
-        raise _err(file, lines["clusters"], "clusters", "no cluster defined", "define at least one cluster")
+        raise field_error(file, lines["clusters"], "clusters", "no cluster defined", "define at least one cluster")
     clusters = {
         name: _parse_cluster(file, name, value, raw_clusters.key_lines[name], now)
         for name, value in raw_clusters.items()
@@ -466,18 +472,18 @@ def parse(data: Any, file: str, *, now: dt.datetime | None = None) -> Matrix:
 
     axes: list[Axis] = []
     if "axes" in data:
-        raw_axes = _mapping(file, data["axes"], lines["axes"], "axes", "run field -> list of values")
+        raw_axes = require_mapping(file, data["axes"], lines["axes"], "axes", "run field -> list of values")
         for path, values in raw_axes.items():
             aline = raw_axes.key_lines[path]
             akey = f"axes.{path}"
             if not _schema_ok(path):
-                raise _err(file, aline, akey, *_unknown_key("", path, "use a run field or dotted trainer key"))
+                raise field_error(file, aline, akey, *_unknown_key("", path, "use a run field or dotted trainer key"))
             if not isinstance(values, LineList) or not values:
-                raise _err(
+                raise field_error(
                     file,
                     aline,
                     akey,
-                    f"got {_describe(values)}; an axis is a non-empty list of values",
+                    f"got {describe_value(values)}; an axis is a non-empty list of values",
                     f"write {path}: [value1, value2, ...]",
                 )
             entries = tuple(flat.entry(v, values.item_lines[i], f"{akey}[{i}]", path) for i, v in enumerate(values))
@@ -485,14 +491,14 @@ def parse(data: Any, file: str, *, now: dt.datetime | None = None) -> Matrix:
             for i, e in enumerate(entries):
                 sig = _signature(e.leaves)
                 if sig in seen:
-                    raise _err(file, e.line, e.key, f"same value as {akey}[{seen[sig]}]", "list each value once")
+                    raise field_error(file, e.line, e.key, f"same value as {akey}[{seen[sig]}]", "list each value once")
                 seen[sig] = i
             axes.append(Axis(path=path, key=akey, line=aline, values=entries))
 
     include = _entries(file, data, "include", flat)
     product = math.prod(len(axis.values) for axis in axes) if axes else 0
     if product + len(include) > MAX_RUNS:
-        raise _err(
+        raise field_error(
             file,
             lines.get("axes", data.line),
             "axes",
@@ -502,9 +508,11 @@ def parse(data: Any, file: str, *, now: dt.datetime | None = None) -> Matrix:
     exclude = _entries(file, data, "exclude", flat)
     for e in exclude:
         if not e.leaves:
-            raise _err(file, e.line, e.key, "an empty exclude entry would remove every run", "name the keys to match")
+            raise field_error(
+                file, e.line, e.key, "an empty exclude entry would remove every run", "name the keys to match"
+            )
     if not axes and not include:
-        raise _err(file, data.line, "axes", "the matrix defines no runs", "add axes or include entries")
+        raise field_error(file, data.line, "axes", "the matrix defines no runs", "add axes or include entries")
     return Matrix(
         file=file,
         repository=repository,
@@ -540,7 +548,7 @@ def _unknown_key(base: str, written: str, use: str) -> tuple[str, str]:
         return f"unknown key {part!r}: {level} is a value, not a mapping", f"set {level} itself, not keys under it"
     before = "".join(f"{p}." for p in parts[:i])
     after = "".join(f".{p}" for p in parts[i + 1 :])
-    return f"unknown key {part!r}", f"{use} ({_suggest(part, known, before=before, after=after, level=level)})"
+    return f"unknown key {part!r}", f"{use} ({suggest_key(part, known, before=before, after=after, level=level)})"
 
 
 def _empty(line: int) -> LineDict:
@@ -556,11 +564,11 @@ def _entries(file: str, data: LineDict, section: str, flat: _Flattener) -> tuple
     items = data[section]
     line = data.key_lines[section]
     if not isinstance(items, LineList):
-        raise _err(
+        raise field_error(
             file,
             line,
             section,
-            f"got {_describe(items)}; must be a list of run mappings",
+            f"got {describe_value(items)}; must be a list of run mappings",
             f"write each {section} entry as '- key: value'",
         )
     return tuple(flat.entry(item, items.item_lines[i], f"{section}[{i}]") for i, item in enumerate(items))

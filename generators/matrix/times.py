@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 
 from generators.core.yamlio import LineDict
-from generators.matrix.fields import _err
+from generators.matrix.fields import field_error
 
 
 def utc_now() -> dt.datetime:
@@ -26,11 +26,15 @@ def check_block_end(file: str, data: LineDict, prefix: str, text: str, blocks: b
     try:
         end = parse_end(text)
     except BadEndTime as err:
-        raise _err(file, line, key, str(err), 'write the block\'s end in UTC, e.g. "2026-12-10T11:30:00Z"') from None
+        raise field_error(
+            file, line, key, str(err), 'write the block\'s end in UTC, e.g. "2026-12-10T11:30:00Z"'
+        ) from None
     if not blocks:
-        raise _err(file, line, key, "is set but capacity_blocks is not true", "set capacity_blocks: true or remove it")
+        raise field_error(
+            file, line, key, "is set but capacity_blocks is not true", "set capacity_blocks: true or remove it"
+        )
     if end is not None and end <= now.timestamp():
-        raise _err(
+        raise field_error(
             file,
             line,
             key,

@@ -199,7 +199,7 @@ def _replace(cfg: TrainConfig, section: str, **changes: object) -> TrainConfig:
     return dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section), **changes)})
 
 
-def _unresolved(cfg: TrainConfig, run: Run) -> TrainConfig:
+def unresolved_config(cfg: TrainConfig, run: Run) -> TrainConfig:
     """The run's config with the settings the matrix left to `auto` back at auto, so a changed run
     resolves them again."""
     changes = {}
@@ -222,7 +222,7 @@ def _group_sizes(group: int, world: int) -> list[int]:
     return sizes
 
 
-def _candidates(
+def fit_candidates(
     cfg: TrainConfig, nodes: int, gpus: int, max_nodes: int, fp8_capable: bool = True
 ) -> list[list[Candidate]]:
     """The changes that may make a run fit, by family, each family from the least change to the most.
@@ -374,7 +374,7 @@ def estimate_run(
     instance = INSTANCE_TYPES[plan.instance_type]
     arch = MODELS[plan.model]
     usd = hourly_price(matrix, cluster, plan.instance_type, prices)
-    base = _unresolved(plan.trainer, plan.run)
+    base = unresolved_config(plan.trainer, plan.run)
     context = Context(
         shared_storage_gib=cluster.shared_storage_gib,
         downloads_model=downloads_model,
@@ -386,7 +386,7 @@ def estimate_run(
     if not f.fits:
         best: tuple[float, str, Figures] | None = None
         fp8_capable = instance.compute_capability >= FP8_MIN_COMPUTE_CAPABILITY
-        for family in _candidates(base, plan.nodes, plan.gpus_per_node, cluster.max_nodes, fp8_capable):
+        for family in fit_candidates(base, plan.nodes, plan.gpus_per_node, cluster.max_nodes, fp8_capable):
             for label, nodes, cfg in family:
                 try:
                     g = figures(arch, cfg, instance, nodes, plan.gpus_per_node, dataset_tokens, usd, context)

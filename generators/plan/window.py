@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from generators.matrix.load import Matrix
 from generators.matrix.schema import Run
 from generators.plan import Plan, plan_runs
-from generators.plan.estimate import Context, _unresolved, dataset_tokens, figures
+from generators.plan.estimate import Context, dataset_tokens, figures, unresolved_config
 from generators.plan.overheads import read_checkpoint_rates
 from trainer.capacity_block import parse_end, stop_time
 from trainer.catalog import INSTANCE_TYPES, MODELS
@@ -64,7 +64,7 @@ def block_overruns(matrix: Matrix, plans: Sequence[Plan]) -> list[str]:
         data_seen.add(data_key)
         f = figures(
             MODELS[p.model],
-            _unresolved(p.trainer, p.run),
+            unresolved_config(p.trainer, p.run),
             INSTANCE_TYPES[p.instance_type],
             p.nodes,
             p.gpus_per_node,

@@ -23,7 +23,7 @@ from typing import Any
 from generators.core.writer import JsonPatch
 from generators.matrix.schema import Cluster
 from generators.render.layout import Layout
-from generators.render.runs import QUEUE_LABEL, _ptr
+from generators.render.runs import QUEUE_LABEL, json_pointer_escape
 from trainer.catalog import INSTANCE_TYPES, InstanceType
 
 PREFLIGHT_BASE = "base/preflight"
@@ -82,7 +82,11 @@ def job_patch(instance: InstanceType, queue: str = "") -> JsonPatch:
         {"op": "test", "path": f"{_CONTAINER}/name", "value": "preflight"},
         {"op": "test", "path": f"{_POD}/volumes/0/name", "value": "shm"},
         {"op": "replace", "path": "/metadata/name", "value": name},
-        *([{"op": "add", "path": f"/metadata/labels/{_ptr(QUEUE_LABEL)}", "value": queue}] if queue else []),
+        *(
+            [{"op": "add", "path": f"/metadata/labels/{json_pointer_escape(QUEUE_LABEL)}", "value": queue}]
+            if queue
+            else []
+        ),
         {"op": "replace", "path": f"{_POD}/subdomain", "value": name},
         {"op": "replace", "path": f"{_POD}/nodeSelector/node.kubernetes.io~1instance-type", "value": instance.name},
         {"op": "replace", "path": f"{_CONTAINER}/command", "value": preflight_command(instance)},

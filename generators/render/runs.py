@@ -71,7 +71,7 @@ CPU_REQUEST_FRACTION = 0.9
 MEMORY_REQUEST_FRACTION = 0.85
 
 
-def _ptr(key: str) -> str:
+def json_pointer_escape(key: str) -> str:
     """JSON-pointer escape of one key ('fsdp-gitops/run' -> 'fsdp-gitops~1run')."""
     return key.replace("~", "~0").replace("/", "~1")
 
@@ -187,17 +187,23 @@ def pytorchjob_patch(p: Plan, queue: str = "") -> JsonPatch:
     ]
     if queue:
         # Kueue suspends the job until the cluster's quota covers all of its pods, then admits it whole.
-        ops.append({"op": "add", "path": f"/metadata/labels/{_ptr(QUEUE_LABEL)}", "value": queue})
+        ops.append({"op": "add", "path": f"/metadata/labels/{json_pointer_escape(QUEUE_LABEL)}", "value": queue})
     labels = run_labels(p)
     for key in sorted(labels):
-        ops.append({"op": "add", "path": f"{_WORKER}/template/metadata/labels/{_ptr(key)}", "value": labels[key]})
+        ops.append(
+            {
+                "op": "add",
+                "path": f"{_WORKER}/template/metadata/labels/{json_pointer_escape(key)}",
+                "value": labels[key],
+            }
+        )
     ops += [
         {"op": "replace", "path": "/spec/nprocPerNode", "value": str(p.gpus_per_node)},
         {"op": "replace", "path": "/spec/runPolicy/activeDeadlineSeconds", "value": p.active_deadline_s},
         {"op": "replace", "path": f"{_WORKER}/replicas", "value": p.nodes},
         {
             "op": "replace",
-            "path": f"{_POD}/nodeSelector/{_ptr('node.kubernetes.io/instance-type')}",
+            "path": f"{_POD}/nodeSelector/{json_pointer_escape('node.kubernetes.io/instance-type')}",
             "value": p.instance_type,
         },
         {"op": "replace", "path": f"{_CONTAINER}/command", "value": torchrun_command(p)},

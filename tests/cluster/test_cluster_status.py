@@ -169,7 +169,7 @@ def test_status_lists_a_pytorchjob_and_a_trainjob_with_their_progress(cluster: C
 
 
 def test_a_type_the_server_does_not_have_is_no_runs(cluster: Cluster) -> None:
-    kubectl = status._kubectl_runner(str(cluster.kubeconfig), None)
+    kubectl = status.kubectl_runner(str(cluster.kubeconfig), None)
     assert status.list_objects(kubectl, "nosuchruns.example.com", None) == []
     assert isinstance(status.list_objects(kubectl, "pytorchjobs.kubeflow.org", None), list)
 
