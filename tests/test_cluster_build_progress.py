@@ -1,6 +1,6 @@
 """A long step of the cluster harness's builds (a Go build of a binary, an image build) says that it
 is still running: a line on stderr every interval while it runs, and nothing once it has ended. The
-helper is the one tools/cluster/build.py and image.py run their long steps through; here it runs a
+helper is the one tools/cluster/build.py and image/ run their long steps through; here it runs a
 stand-in command with a short interval, in a process of its own as the build commands run."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The real test images (tools/cluster/image.py), built from Debian packages, the installed pins and trainer/.
+"""The real test images (tools/cluster/image/), built from Debian packages, the installed pins and trainer/.
 
 Builds (or finds in the cache) the trainer, utility and pause images and reads their archives back:
 every blob's digest and size as the manifest says, diff_ids equal to the (uncompressed) layer
@@ -106,8 +106,7 @@ def test_trainer_layers_hold_the_user_the_venv_and_the_code(trainer: image.Image
     freeze = layer_text(trainer.archive, venv, "opt/venv/pip-freeze.txt").lower().splitlines()
     for name, version in image.dockerfile_config().pins.items():
         assert any(
-            image._canonical(line.split("==")[0]) + "==" + line.split("==")[1] == f"{name}=={version}"
-            for line in freeze
+            image.canonical(line.split("==")[0]) + "==" + line.split("==")[1] == f"{name}=={version}" for line in freeze
         ), name
     venv_files = layer_files(trainer.archive, venv)
     assert venv_files["opt/venv/bin/python3"].linkname == "/usr/bin/python3.11"
@@ -180,12 +179,12 @@ def test_layers_rebuild_to_the_same_digest(trainer: image.Image) -> None:
     cached = image.read_archive(trainer.archive)["manifest"]["layers"]
     cfg = image.dockerfile_config()
     python_version = next(d.version for d in image.resolve_debs(image.BASE_PACKAGES) if d.package.startswith("python"))
-    dists, _ = image._venv_inputs(cfg.pins)
+    dists, _ = image.venv_inputs(cfg.pins)
     makers = [
-        image._base_layer(cfg.account),
-        image._stdlib_layer,
-        image._venv_layer(dists, cfg.venv_from, python_version.split("-")[0]),
-        image._code_layer(image._context_files(cfg.copies), cfg.workdir),
+        image.base_layer(cfg.account),
+        image.stdlib_layer,
+        image.venv_layer(dists, cfg.venv_from, python_version.split("-")[0]),
+        image.code_layer(image.context_files(cfg.copies), cfg.workdir),
     ]
     for make, layer in zip(makers, cached, strict=True):
         assert image.write_layer(make(), NullSink()) == (layer["digest"], layer["size"])  # type: ignore[arg-type]

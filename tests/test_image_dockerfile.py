@@ -1,4 +1,4 @@
-"""The trainer test image (tools/cluster/image.py) follows docker/Dockerfile, and its archives are well formed.
+"""The trainer test image (tools/cluster/image/) follows docker/Dockerfile, and its archives are well formed.
 
 Fast tests, Python only: the Dockerfile's final stage as the image builder reads it, checked against
 an independent reading of the file; edits to a copy of the Dockerfile that the test image cannot
@@ -78,7 +78,7 @@ def test_account_and_copies_match_the_dockerfile() -> None:
     assert cfg.copies == copies
     assert cfg.venv_from == "/opt/venv"
     pip = re.findall(r"([A-Za-z0-9-]+)==([\w.${}]+)", DOCKERFILE)
-    assert {image._canonical(n) for n, _ in pip} == set(cfg.pins)
+    assert {image.canonical(n) for n, _ in pip} == set(cfg.pins)
 
 
 def test_every_final_stage_run_is_acknowledged() -> None:
@@ -156,10 +156,10 @@ def test_valid_pyc_headers_get_the_layer_mtime(tmp_path: Path) -> None:
     source.write_text("X = 1\n")
     pyc = Path(py_compile.compile(str(source), cfile=str(tmp_path / "__pycache__" / "mod.cpython-311.pyc")))
     assert pyc.read_bytes()[:4] == importlib.util.MAGIC_NUMBER
-    fixed = image._pyc_header_fix(pyc.read_bytes(), source)
+    fixed = image.pyc_header_fix(pyc.read_bytes(), source)
     assert fixed[8:12] == image.EPOCH.to_bytes(4, "little") and fixed[12:] == pyc.read_bytes()[12:]
     source.write_text("X = 22\n")  # stale pyc: left as it is (Python recompiles it)
-    assert image._pyc_header_fix(pyc.read_bytes(), source) == pyc.read_bytes()
+    assert image.pyc_header_fix(pyc.read_bytes(), source) == pyc.read_bytes()
 
 
 def test_archive_structure(tmp_path: Path) -> None:
@@ -167,7 +167,7 @@ def test_archive_structure(tmp_path: Path) -> None:
         lambda: [Entry("etc/passwd", "file", 0o644, data=b"root:x:0:0::/:/bin/sh\n")],
         lambda: [Entry("opt/a", "file", data=b"a" * 5000)],
     ]
-    config = image._image_config("10001:10001", {"PATH": "/bin"}, "/opt", None, ["sh"])
+    config = image.image_config("10001:10001", {"PATH": "/bin"}, "/opt", None, ["sh"])
     archive = tmp_path / "image.tar"
     name = "localhost/fsdp-gitops/demo:test-0123"
     with open(archive, "wb") as out:
@@ -228,7 +228,7 @@ def test_delta_archive_leaves_out_the_present_layers(tmp_path: Path) -> None:
     archive = tmp_path / "image.tar"
     with open(archive, "wb") as out:
         digest, placed = image.write_archive(
-            out, "localhost/x/y:test-1", sources, image._image_config("", {}, "/", None, None)
+            out, "localhost/x/y:test-1", sources, image.image_config("", {}, "/", None, None)
         )
     img = image.Image(archive, "localhost/x/y:test-1", digest)
     assert image.delta_archive(img, ["sha256:" + "1" * 64]) == archive  # nothing of the image is present

@@ -1,6 +1,6 @@
 """Controller images for the real-pods level, under the image references the upstream manifests use.
 
-    images = controller_images()      # [Image, ...] for realpods.steps(images=...); built once, cached
+    images = controller_images()      # [Image, ...] the real-pods level imports with flux; built once, cached
 
 A cluster here pulls nothing, so what `kind load docker-image` does for an unreachable registry is done
 here: each controller the repository installs through Flux gets an image built from the binary the
@@ -19,8 +19,9 @@ reference its manifest names, so the upstream Deployment runs unchanged as a rea
   the repository pins, is not built here; tests point the Deployment at it with kustomize `images:`.
 
 Both Go binaries link the C library (cgo), so each image is the utility image's Debian base layer (libc,
-already built and cached by tools/cluster/image.py) plus one layer holding the binary. Images are cached
-like tools/cluster/image.py's, by the hash of their inputs (the binary, this file, the base layer's key).
+already built and cached for the utility image) plus one layer holding the binary. Images are cached like
+the package's own, by the hash of their inputs (the binary, the builder's source, the base layer's key),
+but named by the reference the manifests use instead of by their key.
 """
 
 from __future__ import annotations
@@ -36,18 +37,19 @@ from typing import Any
 
 import yaml
 
-from tools.cluster import build, image, schemas
-from tools.cluster.image import Entry, Image, LayerSpec
+from tools.cluster import build, schemas
+from tools.cluster.image.archive import write_archive
+from tools.cluster.image.cache import LayerSpec, builder_source, cached_layer, lock
+from tools.cluster.image.common import REGISTRY, Image, atomic_write, images_dir
+from tools.cluster.image.dockerfile import BASE_ENV, dockerfile_config
+from tools.cluster.image.images import base_spec, image_config
+from tools.cluster.image.layers import Entry
 
 OPERATOR_SOURCE = schemas.Source("training-operator", "github.com/kubeflow/training-operator", ())
 KUEUE_SOURCE = schemas.Source("kueue", "sigs.k8s.io/kueue", ())
 KUEUE_REGISTRY = "registry.k8s.io/kueue"  # where Kueue's release images are promoted
 ETCD_UPSTREAM = "quay.io/coreos/etcd"  # the image base/etcd/deployment.yaml names
 NONROOT = "65532:65532"
-
-
-def _source() -> str:
-    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
 
 
 def operator_reference() -> str:
@@ -67,36 +69,38 @@ def kueue_reference() -> str:
 
 
 def _named_image(kind: str, name: str, specs: list[LayerSpec], config: dict[str, Any]) -> Image:
-    """image.py's cached build, under the reference `name` (image.py names its own images by key)."""
-    key = hashlib.sha256(json.dumps([_source(), kind, name, [(s.name, s.key) for s in specs], config]).encode())
-    folder = image._images_dir() / f"{kind}-{key.hexdigest()[:24]}"
+    """The cache's build, under the reference `name` (cached_image names its images by key)."""
+    key = hashlib.sha256(json.dumps([builder_source(), kind, name, [(s.name, s.key) for s in specs], config]).encode())
+    folder = images_dir() / f"{kind}-{key.hexdigest()[:24]}"
     meta = folder / "image.json"
     if not meta.is_file():
-        with image._lock():
+        with lock():
             if not meta.is_file():
                 folder.mkdir(parents=True, exist_ok=True)
                 tmp = folder / "image.tar.tmp"
-                layers = [image._cached_layer(s) or s.make for s in specs]
+                layers = [cached_layer(s) or s.make for s in specs]
                 with open(tmp, "wb") as out:
-                    digest, _ = image.write_archive(out, name, layers, config)
+                    digest, _ = write_archive(out, name, layers, config)
                 tmp.replace(folder / "image.tar")
-                image._atomic_write(meta, json.dumps({"name": name, "digest": digest}).encode())
+                atomic_write(meta, json.dumps({"name": name, "digest": digest}).encode())
     info = json.loads(meta.read_text())
     return Image(folder / "image.tar", info["name"], info["digest"])
 
 
 def _binary_spec(kind: str, binary: Path, dest: str) -> LayerSpec:
     data = binary.read_bytes()
-    key = hashlib.sha256(json.dumps([_source(), kind, dest, hashlib.sha256(data).hexdigest()]).encode()).hexdigest()
+    key = hashlib.sha256(
+        json.dumps([builder_source(), kind, dest, hashlib.sha256(data).hexdigest()]).encode()
+    ).hexdigest()
     return LayerSpec(kind, key, lambda: [Entry(dest, "file", 0o755, data=data)])
 
 
 def _base() -> LayerSpec:
-    return image._base_spec(image.dockerfile_config())
+    return base_spec(dockerfile_config())
 
 
 def _config(entrypoint: list[str], user: str = "") -> dict[str, Any]:
-    return image._image_config(user, dict(image.BASE_ENV), "/", entrypoint, None)
+    return image_config(user, dict(BASE_ENV), "/", entrypoint, None)
 
 
 def operator_image() -> Image:
@@ -110,16 +114,13 @@ def kueue_image() -> Image:
 
 
 def etcd_image() -> Image:
-    from tools.cluster.harness import etcd_path
-
-    spec = _binary_spec("etcd", Path(etcd_path()), "usr/local/bin/etcd")
+    spec = _binary_spec("etcd", Path(build.etcd_path()), "usr/local/bin/etcd")
     binary = spec.key[:12]
-    return _named_image(
-        "etcd", f"{image.REGISTRY}/etcd:test-{binary}", [_base(), spec], _config(["/usr/local/bin/etcd"])
-    )
+    return _named_image("etcd", f"{REGISTRY}/etcd:test-{binary}", [_base(), spec], _config(["/usr/local/bin/etcd"]))
 
 
 def controller_images() -> list[Image]:
+    """The Training Operator's, Kueue's and etcd's images, in that order (built once, then cached)."""
     return [operator_image(), kueue_image(), etcd_image()]
 
 
