@@ -5,7 +5,7 @@ cold build of the binaries it adds to the harness.
     python benchmarks/realpods_bench.py start --repeat 5 --gpu-nodes 2
     python benchmarks/realpods_bench.py builds                # the level's binaries, cold, in empty caches
 
-start: `Cluster.start("pods", instance_type=p4de.24xlarge, gpu_nodes=N, cpu_node=True)` then `stop()`,
+start: `levels.start("pods", instance_type=p4de.24xlarge, gpu_nodes=N, cpu_node=True)` then `stop()`,
 with the binaries, images and prepared containerd root already cached (the first start after a change
 prepares them: run once before measuring). Prints each bring-up step (Cluster.timings), the start and
 the stop, then the minimum and median of the starts. Target: start within 30 s on 2 cores.
@@ -59,12 +59,12 @@ def header(command: str) -> None:
 
 
 def bench_start(repeat: int, gpu_nodes: int) -> None:
-    from tools.cluster.harness import Cluster
+    from tools.cluster import levels
 
     starts = []
     for i in range(repeat):
         t0 = time.monotonic()
-        cluster = Cluster.start("pods", instance_type="p4de.24xlarge", gpu_nodes=gpu_nodes, cpu_node=True)
+        cluster = levels.start("pods", instance_type="p4de.24xlarge", gpu_nodes=gpu_nodes, cpu_node=True)
         start = time.monotonic() - t0
         t1 = time.monotonic()
         cluster.stop()

@@ -224,7 +224,7 @@ def test_the_chart_and_the_harness_pin_one_trainer_version() -> None:
     release = load_yaml(REPO_ROOT / "base" / "components" / "kubeflow-trainer" / "release.yaml")
     repo = next(d for d in release if d["kind"] == "OCIRepository")
     helm = next(d for d in release if d["kind"] == "HelmRelease")
-    gomod = (REPO_ROOT / "tools" / "cluster" / "kubeflow-trainer" / "go.mod").read_text()
+    gomod = (REPO_ROOT / "tools" / "cluster" / "go" / "kubeflow-trainer" / "go.mod").read_text()
     trainer = re.search(r"github.com/kubeflow/trainer/v2 v(\S+)", gomod)
     jobset = re.search(r"sigs.k8s.io/jobset v(\S+)", gomod)
     assert trainer and jobset

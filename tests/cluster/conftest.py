@@ -1,4 +1,4 @@
-"""The real cluster parts for the tests under tests/cluster/ (tools/cluster/harness.py).
+"""The real cluster parts for the tests under tests/cluster/ (tools/cluster/levels.py).
 
 One control plane with the Training Operator and kwok serves levels 1 and 2; level 3 starts its own
 with the Flux controllers, one per cluster of matrix.yaml. The session ends by checking that no
@@ -12,9 +12,10 @@ import json
 from collections.abc import Iterator
 
 import pytest
+from support import REPO_ROOT
 
-from tools.cluster import processes, realpods
-from tools.cluster.harness import Cluster
+from tools.cluster import dryrun, levels, processes, realpods
+from tools.cluster.cluster import Cluster
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -28,7 +29,7 @@ def nothing_outlives_the_suite() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
-    c = Cluster.start("operator")
+    c = levels.start("operator")
     try:
         yield c
     finally:
@@ -61,7 +62,7 @@ def pods(request: pytest.FixtureRequest, realpods_levels: dict[str, Cluster]) ->
         pytest.skip(reason)
     key = _options_key(request.module)
     if key not in realpods_levels:
-        realpods_levels[key] = Cluster.start("pods", **getattr(request.module, "REALPODS_OPTIONS", {}))
+        realpods_levels[key] = levels.start("pods", **getattr(request.module, "REALPODS_OPTIONS", {}))
     yield realpods_levels[key]
     # Modules run in collection order on their worker: a later module with the same options reuses it.
     items = request.session.items
@@ -78,13 +79,8 @@ def kcluster() -> Iterator[Cluster]:
     queues, shared volume) as infra-configs applies them after infra-controllers, a CPU node and two
     p5.48xlarge nodes. The configs' Jobs (NCCL pre-flight) are left out: they would take quota from the
     runs under test. One per module that asks for it."""
-    from support import REPO_ROOT
-
-    from tools.cluster import dryrun, kueue
-
-    c = Cluster.start("operator")
+    c = levels.start("operator", kueue="fsdp-p5")
     try:
-        kueue.start(c, kueue.repository_release("fsdp-p5"))
         path = "overlays/infrastructure/fsdp-p5/configs"
         docs = [d for d in dryrun.render(REPO_ROOT, path) if d["kind"] != "Job"]
         dryrun.ensure_namespaces(c, {path: docs})

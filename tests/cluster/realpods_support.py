@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from support import REPO_ROOT
 
 from tools.cluster import dryrun
-from tools.cluster.harness import REPO_ROOT, Cluster, tool_path
+from tools.cluster.build import tool_path
+from tools.cluster.cluster import Cluster
 
 CLUSTER = "fsdp-p4de"
 INSTANCE = "p4de.24xlarge"

@@ -10,7 +10,7 @@ import pytest
 from support import REPO_ROOT
 
 from tools.cluster import dryrun
-from tools.cluster.harness import Cluster
+from tools.cluster.cluster import Cluster
 
 pytestmark = pytest.mark.cluster
 

@@ -20,7 +20,8 @@ import pytest
 from support import REPO_ROOT
 
 from tools.cluster import dryrun
-from tools.cluster.harness import TOKEN, Cluster
+from tools.cluster.client import TOKEN
+from tools.cluster.cluster import Cluster
 from trainer import capacity_block
 
 pytestmark = pytest.mark.cluster

@@ -22,8 +22,8 @@ import pytest
 import yaml
 from support import REPO_ROOT
 
-from tools.cluster import dryrun, gitops
-from tools.cluster.harness import Cluster
+from tools.cluster import dryrun, gitops, levels
+from tools.cluster.cluster import Cluster
 
 pytestmark = pytest.mark.cluster
 
@@ -52,11 +52,9 @@ class Flux:
 
 
 def start(name: str) -> Iterator[Flux]:
-    cluster = Cluster.start("operator")
+    cluster = levels.start("flux")
     try:
-        server = cluster.start_sources_server()
-        clone = gitops.prepare(cluster.work, server, cluster.webhook_port)
-        cluster.start_flux()
+        clone = gitops.prepare(cluster.work, cluster.sources_url, cluster.webhook_port)
         cluster.add_cpu_node()  # the controllers' Deployments (etcd, operator, autoscaler) run here
         # Two GPU nodes of the cluster's instance type for the pre-flight and staging Jobs, and the
         # volume the FSx CSI driver would provision for the cluster's claim.

@@ -5,7 +5,7 @@ repository) until every Kustomization and HelmRelease is Ready.
 As in test_cluster_flux.py the sources are loopback copies (tools/cluster/gitops.py) and the Helm
 charts stubs under the pinned names and versions, the Kubeflow Trainer chart included; what that chart
 would run, the Trainer controller manager and the JobSet controller, runs as processes
-(tools/cluster/kubeflow_trainer.py) with their upstream webhooks registered before Flux starts. So the
+(tools/cluster/steps/trainer.py) with their upstream webhooks registered before Flux starts. So the
 ClusterTrainingRuntime and the TrainJobs Flux applies pass the Trainer's and JobSet's real admission,
 and each TrainJob becomes its JobSet, Jobs and pods on the fake p5.48xlarge nodes.
 """
@@ -19,9 +19,10 @@ from dataclasses import dataclass
 
 import pytest
 import yaml
+from support import REPO_ROOT
 
-from tools.cluster import dryrun, gitops, kubeflow_trainer
-from tools.cluster.harness import REPO_ROOT, Cluster
+from tools.cluster import dryrun, gitops, levels
+from tools.cluster.cluster import Cluster
 
 pytestmark = pytest.mark.cluster
 
@@ -61,13 +62,11 @@ def _serve_the_example(clone: gitops.Clone) -> None:
 
 @pytest.fixture(scope="module")
 def flux() -> Iterator[Flux]:
-    cluster = Cluster.start("operator")
+    # With trainjob the Trainer's and JobSet's webhooks answer before Flux applies a TrainJob.
+    cluster = levels.start("flux", trainjob=True)
     try:
-        server = cluster.start_sources_server()
-        clone = gitops.prepare(cluster.work, server, cluster.webhook_port)
+        clone = gitops.prepare(cluster.work, cluster.sources_url, cluster.webhook_port)
         _serve_the_example(clone)
-        kubeflow_trainer.start(cluster)  # before Flux: every TrainJob it applies meets the webhooks
-        cluster.start_flux()
         cluster.add_cpu_node()
         matrix = yaml.safe_load((clone.repo / "matrix.yaml").read_text())
         assert matrix["clusters"][CLUSTER]["job_api"] == "trainjob"

@@ -25,9 +25,9 @@ import yaml
 from observability_support import PrometheusAPI, short_for, wait_until
 from support import REPO_ROOT
 
-from tools.cluster import dryrun
+from tools.cluster import dryrun, levels
 from tools.cluster.build import binary
-from tools.cluster.harness import Cluster
+from tools.cluster.cluster import Cluster
 from tools.cluster.processes import free_port
 from trainer import gpu_health
 
@@ -80,7 +80,7 @@ def serve(body: str) -> tuple[ThreadingHTTPServer, int]:
 
 @pytest.fixture(scope="module")
 def api_cluster() -> Iterator[Cluster]:
-    c = Cluster.start("api")
+    c = levels.start("api")
     try:
         yield c
     finally:

@@ -1,4 +1,4 @@
-"""The real Kueue (v0.16.2, tools/cluster/kueue.py) configured by the repository's HelmRelease, on a
+"""The real Kueue (v0.16.2, tools/cluster/steps/kueue.py) configured by the repository's HelmRelease, on a
 control plane of its own with the Training Operator and kwok nodes.
 
 Running: a generated run of fsdp-p5 (queue label, run namespace) is suspended by Kueue's webhook on
@@ -24,8 +24,9 @@ import pytest
 import yaml
 from support import REPO_ROOT
 
-from tools.cluster import dryrun, kueue
-from tools.cluster.harness import Cluster
+from tools.cluster import dryrun
+from tools.cluster.cluster import Cluster
+from tools.cluster.steps import kueue
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

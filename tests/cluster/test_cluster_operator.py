@@ -19,7 +19,7 @@ import pytest
 from support import REPO_ROOT
 
 from tools.cluster import dryrun
-from tools.cluster.harness import Cluster
+from tools.cluster.cluster import Cluster
 from trainer.catalog import INSTANCE_TYPES
 
 pytestmark = pytest.mark.cluster

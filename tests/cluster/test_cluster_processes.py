@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tools.cluster import processes
-from tools.cluster.harness import etcd_path
+from tools.cluster.build import etcd_path
 
 pytestmark = pytest.mark.cluster
 
@@ -66,7 +66,7 @@ def test_private_tmp_reaches_a_cache_folder_under_tmp(tmp_path: Path, monkeypatc
     # The operator runs with a /tmp of its own and its certificate folder bind-mounted from the work
     # folder; with the cache folder under /tmp (FSDP_GITOPS_CACHE=/tmp/...) its binary, kubeconfig and
     # certificates must stay reachable at their own paths, and nothing else of the host's /tmp.
-    from tools.cluster.harness import Cluster
+    from tools.cluster.cluster import Cluster
 
     assert str(tmp_path).startswith("/tmp/")
     monkeypatch.setenv("FSDP_GITOPS_CACHE", str(tmp_path / "cache"))
@@ -86,7 +86,7 @@ def test_private_tmp_reaches_a_cache_folder_under_tmp(tmp_path: Path, monkeypatc
     probe.chmod(0o755)
     (tmp_path / "outside").write_text("the host's /tmp\n")
     try:
-        proc = cluster._start(
+        proc = cluster.start_process(
             "probe", [str(probe)], private_ns=True, mounts=[(certs, "/tmp/k8s/certs")], private_tmp=True
         )
         assert proc.popen.wait(timeout=30) == 0, proc.tail()

@@ -13,14 +13,15 @@ from matrix_support import GOOD, plans
 from observability_support import STEPS, in_cluster_env, run_trainer
 
 from generators.render.runs import progress_rbac
-from tools.cluster.harness import Cluster, tool_path
+from tools.cluster import levels
+from tools.cluster.build import tool_path
 from trainer.progress import ProgressPublisher
 
 pytestmark = pytest.mark.cluster
 
 
 def test_annotations_appear_on_a_real_api_server_with_rbac_that_allows_only_that(tmp_path):
-    """The run's generated RBAC on a real kube-apiserver (tools/cluster/harness.py): its token may
+    """The run's generated RBAC on a real kube-apiserver (tools/cluster/levels.py): its token may
     patch the run's own pods and nothing else, and the trainer's annotations land on its pod."""
     p = next(p for p in plans(GOOD) if p.nodes == 2)
     ns, pod = p.namespace, f"{p.name}-worker-0"
@@ -37,7 +38,7 @@ def test_annotations_appear_on_a_real_api_server_with_rbac_that_allows_only_that
             },
         }
 
-    cluster = Cluster.start(level="api")
+    cluster = levels.start("api")
     watch = None
     try:
         cluster.apply(

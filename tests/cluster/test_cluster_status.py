@@ -24,7 +24,7 @@ from support import REPO_ROOT
 
 from generators import status
 from tools.cluster import dryrun
-from tools.cluster.harness import Cluster
+from tools.cluster.cluster import Cluster
 from trainer.progress import pod_annotations
 
 pytestmark = pytest.mark.cluster

@@ -1,8 +1,8 @@
 """The TrainJob path against the real Kubeflow Trainer v2.3.0 and JobSet v0.12.0 controllers (kwok level).
 
 A control plane of its own (API server, scheduler, controller manager, kwok nodes shaped like
-p5.48xlarge) runs the two controllers built from tools/cluster/kubeflow-trainer
-(tools/cluster/kubeflow_trainer.py: their upstream webhooks by URL, their own certificate rotators).
+p5.48xlarge) runs the two controllers built from tools/cluster/go/kubeflow-trainer
+(tools/cluster/steps/trainer.py: their upstream webhooks by URL, their own certificate rotators).
 The example matrix with one cluster on each job API (examples/matrix-two-apis.yaml) is rendered by
 the real generator; its trainjob cluster's overlays are accepted by a server-side dry-run with the
 controllers' webhooks; a generated TrainJob becomes a JobSet, its Jobs and their pods, placed on the
@@ -14,112 +14,35 @@ exit 2 fails the TrainJob at once, exit 143 restarts the whole gang.
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from trainjob_support import (
+    CLUSTER,
+    INSTANCE,
+    JOBSET_LABEL,
+    condition,
+    configs,
+    delete,
+    pods,
+    runs,
+    trainjob_level,
+    tree,
+)
 
-from generators import matrix
-from generators.core import writer
-from generators.plan import plan
-from generators.render import OVERLAYS, render
-from tools.cluster import build, dryrun, kubeflow_trainer, schemas
-from tools.cluster.harness import FAKE_NODE_ANNOTATION, REPO_ROOT, Cluster, tool_path
-from tools.cluster.processes import free_port
+from tools.cluster import dryrun
+from tools.cluster.cluster import Cluster
 
 pytestmark = pytest.mark.cluster
-
-EXAMPLE = REPO_ROOT / "examples" / "matrix-two-apis.yaml"
-CLUSTER = "fsdp-p5"
-INSTANCE = "p5.48xlarge"
-JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
-
-
-@pytest.fixture(scope="module")
-def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """base/ and the example's overlays in a git work tree."""
-    root = tmp_path_factory.mktemp("two-apis")
-    subprocess.run(["git", "init", "-q", str(root)], check=True)
-    shutil.copytree(REPO_ROOT / "base", root / "base")
-    shutil.copy(EXAMPLE, root / "matrix.yaml")
-    m = matrix.load(str(root / "matrix.yaml"))
-    for rel, data in writer.serialize(render(plan(m, matrix.expand(m)), OVERLAYS), "matrix.yaml").items():
-        path = root / "overlays" / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-    return root
-
-
-def start_kwok(c: Cluster) -> None:
-    """kwok as the operator level runs it, less the stage that completes every Job's pods at once
-    (pod/fast's pod-complete): a trainer pod runs until the test says how it ends."""
-    kwok_dir = schemas.module_dir(schemas.Source("kwok", "sigs.k8s.io/kwok", ()))
-    stages = []
-    for stage in ("node/fast", "node/heartbeat", "pod/fast"):
-        out = subprocess.run(
-            [tool_path("kustomize"), "build", str(kwok_dir / "kustomize" / "stage" / stage)],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
-        stages += [d for d in yaml.safe_load_all(out) if d and d["metadata"]["name"] != "pod-complete"]
-    config = c.work / "kwok-stages.yaml"
-    config.write_text(yaml.safe_dump_all(stages))
-    c._start(
-        "kwok",
-        [
-            build.binary("kwok"),
-            f"--config={config}",
-            f"--kubeconfig={c.kubeconfig}",
-            "--manage-all-nodes=false",
-            f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake",
-            "--cidr=10.244.0.0/16",
-            "--node-ip=10.1.0.1",
-            f"--server-address=127.0.0.1:{free_port()}",
-        ],
-    )
+__all__ = ["configs", "tree"]  # the shared fixtures this module uses
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    """The operator level's control plane with kwok (see start_kwok), without the Training Operator,
-    plus JobSet and the Trainer."""
-    root = build.cache_root() / "run"
-    root.mkdir(parents=True, exist_ok=True)
-    c = Cluster(Path(tempfile.mkdtemp(prefix="cluster-", dir=root)))
-    try:
-        for name, step in c.steps("operator"):
-            if name not in ("kwok", "training-operator"):
-                step()
-        start_kwok(c)
-        kubeflow_trainer.start(c)
-        yield c
-    finally:
-        c.stop()
-
-
-def runs(tree: Path) -> list[str]:
-    return sorted(str(p.relative_to(tree)) for p in (tree / "overlays" / "runs" / CLUSTER).iterdir())
-
-
-@pytest.fixture(scope="module")
-def configs(cluster: Cluster, tree: Path) -> list[dict[str, Any]]:
-    """The trainjob cluster's configs applied (run namespace, shared volume, queues, the runtime), its
-    shared volume bound, and two fake p5.48xlarge nodes."""
-    path = f"overlays/infrastructure/{CLUSTER}/configs"
-    # Without the NCCL pre-flight Jobs: they would hold the fake GPU nodes (kwok never ends a pod here).
-    docs = [d for d in dryrun.render(tree, path) if d["kind"] != "Job"]
-    dryrun.ensure_namespaces(cluster, {path: docs})
-    cluster.apply(docs)
-    (pvc,) = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
-    cluster.add_shared_volume(pvc)
-    cluster.add_gpu_nodes(INSTANCE, 2)
-    return docs
+    yield from trainjob_level()
 
 
 def test_the_trainjob_overlays_pass_a_server_side_dry_run(cluster: Cluster, tree: Path, configs: Any) -> None:
@@ -136,12 +59,6 @@ def test_the_trainers_webhook_refuses_a_trainjob_that_sets_the_torch_settings_it
     assert res.returncode != 0
     assert 'admission webhook "validator.trainjob.trainer.kubeflow.org" denied the request' in res.stderr, res.stderr
     assert "must not have reserved envs" in res.stderr and "PET_NNODES" in res.stderr, res.stderr
-
-
-def pods(cluster: Cluster, ns: str, name: str) -> list[dict[str, Any]]:
-    return sorted(
-        cluster.get("pods", ns, selector=f"{JOBSET_LABEL}={name}")["items"], key=lambda p: p["metadata"]["name"]
-    )
 
 
 def env_of(c: dict[str, Any]) -> dict[str, Any]:
@@ -211,15 +128,6 @@ def test_a_trainjob_becomes_a_jobset_jobs_and_pods_with_the_torch_settings(
         delete(cluster, ns, name)
 
 
-def delete(cluster: Cluster, ns: str, name: str) -> None:
-    cluster.kubectl("delete", "trainjob", "-n", ns, name, "--wait=false")
-    cluster.wait_for(
-        lambda: not pods(cluster, ns, name) and cluster.kubectl_result("get", "trainjob", "-n", ns, name).returncode,
-        180,
-        "the TrainJob and its pods gone",
-    )
-
-
 def fail_pod(cluster: Cluster, pod: dict[str, Any], exit_code: int) -> None:
     """What a kubelet reports when the node container exits with `exit_code` (kwok plays the kubelet)."""
     (c,) = pod["spec"]["containers"]
@@ -242,10 +150,6 @@ def fail_pod(cluster: Cluster, pod: dict[str, Any], exit_code: int) -> None:
         "patch", "pod", "-n", pod["metadata"]["namespace"], pod["metadata"]["name"], "--subresource=status",
         "--type=merge", "-p", json.dumps(status),
     )  # fmt: skip
-
-
-def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
-    return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == kind), None)
 
 
 @pytest.mark.parametrize("exit_code", [2, 143])

@@ -1,7 +1,7 @@
 """Why a trainjob cluster runs without Kueue, proven against the real parts: the real Kueue
-(tools/cluster/kueue.py, configured by the repository's HelmRelease, which lists
+(tools/cluster/steps/kueue.py, configured by the repository's HelmRelease, which lists
 trainer.kubeflow.org/trainjob) on a control plane of its own with the real Kubeflow Trainer and JobSet
-controllers (the fixtures of test_cluster_trainjob.py).
+controllers (tests/cluster/trainjob_support.py).
 
 The pinned Kueue is built against Kubeflow Trainer v2.1 types. On admission it writes the TrainJob back
 with them, and the fields newer Trainers added (runtimePatches, where the run's pod settings are) are
@@ -12,20 +12,28 @@ Kueue release keeps the runtimePatches, it fails, and the refusal can be lifted.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from support import REPO_ROOT
-from test_cluster_trainjob import cluster, condition, configs, delete, runs, tree
+from trainjob_support import condition, configs, delete, runs, trainjob_level, tree
 
 from generators.render.runs import QUEUE_LABEL
 from tools.cluster import dryrun
-from tools.cluster.harness import Cluster
+from tools.cluster.cluster import Cluster
 
 pytestmark = pytest.mark.cluster
-__all__ = ["cluster", "configs", "tree"]  # the fixtures this module uses
+__all__ = ["configs", "tree"]  # the shared fixtures this module uses
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    """The TrainJob level with the real Kueue as the repository ships it (the level option `kueue`)."""
+    yield from trainjob_level(kueue=True)
+
 
 QUEUES = REPO_ROOT / "base" / "components" / "kueue" / "queues" / "queues.yaml"
 
@@ -33,9 +41,6 @@ QUEUES = REPO_ROOT / "base" / "components" / "kueue" / "queues" / "queues.yaml"
 def test_the_pinned_kueue_drops_a_trainjobs_runtime_patches_on_admission(
     cluster: Cluster, tree: Path, configs: Any
 ) -> None:
-    from tools.cluster import kueue
-
-    kueue.start(cluster)
     (path,) = [r for r in runs(tree) if "-n2-" in r]
     docs = dryrun.render(tree, path)
     (job,) = [d for d in docs if d["kind"] == "TrainJob"]
@@ -74,5 +79,3 @@ def test_the_pinned_kueue_drops_a_trainjobs_runtime_patches_on_admission(
     finally:
         delete(cluster, ns, name)
         cluster.kubectl("delete", "--ignore-not-found", "-f", str(QUEUES))
-        kueue.stop(cluster)
-        kueue.uninstall(cluster)

@@ -5,7 +5,7 @@ and a tiny run trains to Succeeded.
 The level: two p4de-shaped GPU nodes and one CPU node, no Training Operator or Kueue process: Flux
 installs both, from the operator's upstream standalone manifests (webhooks by Service; the API server
 reaches them with --enable-aggregator-routing) and from the real Kueue chart of the pinned module,
-packaged as its release is (tools/cluster/controller_images.py) and served under the pinned OCI name and
+packaged as its release is (tools/cluster/image/controllers.py) and served under the pinned OCI name and
 version. Their images are imported into the nodes under the upstream references (what `kind load
 docker-image` does). Flux's own controllers, the git/Helm/OCI server and the API server run as
 processes in the level's namespaces.
@@ -56,9 +56,12 @@ from realpods_support import (
     small_matrix,
     wait_run,
 )
+from support import REPO_ROOT
 
-from tools.cluster import controller_images, dryrun, gitops
-from tools.cluster.harness import REPO_ROOT, Cluster, tool_path
+from tools.cluster import dryrun, gitops
+from tools.cluster.build import tool_path
+from tools.cluster.cluster import Cluster
+from tools.cluster.image import controllers
 
 pytestmark = [pytest.mark.realpods, pytest.mark.cluster, pytest.mark.slow]
 
@@ -101,7 +104,7 @@ def _prepare_copy(pods: Cluster, clone: gitops.Clone) -> str:
     pairs = [(TRAINER_IMAGE, trainer), (BUSYBOX_IMAGE, utility)]
     for folder in [infra / "configs", infra / "storage", infra / "data", repo / "overlays" / "runs" / CLUSTER / run]:
         _kustomize_images(folder, pairs)
-    _kustomize_images(infra / "controllers", [(ETCD_IMAGE, controller_images.etcd_image().name)])
+    _kustomize_images(infra / "controllers", [(ETCD_IMAGE, controllers.etcd_image().name)])
     job = infra / "data" / "samsum" / "job.data.yaml"
     text = job.read_text()
     assert "knkarthick/samsum" in text, text
@@ -124,8 +127,7 @@ def flux_run(pods: Cluster) -> Iterator[FluxRun]:
 
 def _flux_run(pods: Cluster) -> Iterator[FluxRun]:
     started = time.monotonic()
-    server = pods.start_sources_server()
-    clone = gitops.prepare(pods.work, server, 0, real_charts={"kueue": controller_images.kueue_chart()})
+    clone = gitops.prepare(pods.work, pods.sources_url, 0, real_charts={"kueue": controllers.kueue_chart()})
     run = _prepare_copy(pods, clone)
     configs = dryrun.render(clone.repo, f"overlays/infrastructure/{CLUSTER}/configs")
     (pvc,) = [x for x in configs if x["kind"] == "PersistentVolumeClaim"]
@@ -134,7 +136,6 @@ def _flux_run(pods: Cluster) -> Iterator[FluxRun]:
     # The dataset the staging Job reads: the repository's made-up samsum records, as a local folder.
     (volume / "source" / "samsum").mkdir(parents=True)
     shutil.copy(REPO_ROOT / "tests" / "data" / "samsum_tiny.jsonl", volume / "source" / "samsum" / "train.jsonl")
-    pods.start_flux()
     gitops.bootstrap(pods, clone, CLUSTER)
     times: dict[str, float] = {}
     pods.wait_for(
@@ -185,9 +186,9 @@ def test_the_operator_kueue_and_etcd_run_as_real_pods_from_the_upstream_manifest
     cluster = flux_run.deployment.cluster
     assert "training-operator" not in cluster.procs and "kueue" not in cluster.procs
     for namespace, name, image in (
-        ("kubeflow", "training-operator", controller_images.operator_reference()),
-        ("kueue-system", "kueue-controller-manager", controller_images.kueue_reference()),
-        ("fsdp-system", "etcd", controller_images.etcd_image().name),
+        ("kubeflow", "training-operator", controllers.operator_reference()),
+        ("kueue-system", "kueue-controller-manager", controllers.kueue_reference()),
+        ("fsdp-system", "etcd", controllers.etcd_image().name),
     ):
         dep = _available(cluster, namespace, name)
         assert [c["image"] for c in dep["spec"]["template"]["spec"]["containers"]] == [image]

@@ -15,14 +15,21 @@ from typing import Any
 import pytest
 
 from tools.cluster import realpods
-from tools.cluster.harness import Cluster
+from tools.cluster.cluster import Cluster
 from trainer.catalog import INSTANCE_TYPES
 
 pytestmark = [pytest.mark.realpods, pytest.mark.cluster, pytest.mark.slow]
 
 INSTANCE = "p4de.24xlarge"
 # The options of test_realpods_runs.py, so that both modules share one started level.
-REALPODS_OPTIONS = {"instance_type": INSTANCE, "gpu_nodes": 2, "cpu_node": True, "trainer": True, "kueue": True}
+REALPODS_OPTIONS = {
+    "instance_type": INSTANCE,
+    "gpu_nodes": 2,
+    "cpu_node": True,
+    "trainer": True,
+    "kueue": True,
+    "prometheus": True,
+}
 GPU_NODE = "p4de-24xlarge-0"
 TOLERATE_GPU = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
 
@@ -188,6 +195,6 @@ def test_a_pod_still_running_at_the_stop_leaves_no_cgroup(pods: Cluster) -> None
 
     p = pods.wait_for(running, 120, "pod left-running runs")
     cid = p["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
-    where = [m for m in realpods._cgroup_mounts() if (m / "k8s.io" / cid).is_dir()]
+    where = [m for m in realpods.cgroup_mounts() if (m / "k8s.io" / cid).is_dir()]
     assert where, f"container {cid} has no cgroup under /k8s.io in any hierarchy"
     realpods.CONTAINER_CGROUPS.add(f"k8s.io/{cid}")  # what the suite's last check expects gone

@@ -1,5 +1,5 @@
 """The generated deployment on real pods (tools/cluster/realpods.py): one tiny run, end to end and
-under faults, in the trainer test image (tools/cluster/image.py).
+under faults, in the trainer test image (tools/cluster/image/).
 
 The level: two p4de-shaped GPU nodes (the pre-flight Job needs two nodes) and one CPU node, with the
 real Kueue and Training Operator. The repository is copied into the cluster's work folder and its
@@ -59,13 +59,22 @@ from realpods_support import (
     wait_job,
     wait_run,
 )
+from support import REPO_ROOT
 
 from tools.cluster import dryrun, scrape
-from tools.cluster.harness import REPO_ROOT, Cluster
+from tools.cluster.cluster import Cluster
+from tools.cluster.steps.prometheus import Prometheus
 
 pytestmark = [pytest.mark.realpods, pytest.mark.cluster, pytest.mark.slow]
 
-REALPODS_OPTIONS = {"instance_type": INSTANCE, "gpu_nodes": 2, "cpu_node": True, "trainer": True, "kueue": True}
+REALPODS_OPTIONS = {
+    "instance_type": INSTANCE,
+    "gpu_nodes": 2,
+    "cpu_node": True,
+    "trainer": True,
+    "kueue": True,
+    "prometheus": True,
+}
 MONITORS = ("podmonitors.monitoring.coreos.com", "servicemonitors.monitoring.coreos.com")
 KILL_RUN_STEPS = 40  # the SIGKILL test's run: long enough that the kill lands far from its end
 WRONG_PORT = "http-metrics"  # a port name no container of the run declares (the mutation of the scrape test)
@@ -113,7 +122,7 @@ def deployment(pods: Cluster) -> Iterator[Deployment]:
 
 
 @pytest.fixture(scope="module")
-def prometheus(deployment: Deployment) -> Iterator[scrape.Prometheus]:
+def prometheus(deployment: Deployment) -> Iterator[Prometheus]:
     """A real Prometheus in the level's namespaces, scraping every second with the scrape configuration
     prometheus-operator generates from the PodMonitors and ServiceMonitors the configs overlay applied
     (read back from the API server), plus one mutant: the trainer's PodMonitor with a port name no
@@ -128,12 +137,10 @@ def prometheus(deployment: Deployment) -> Iterator[scrape.Prometheus]:
     configs = scrape.scrape_configs([*monitors, wrong], interval="1s", kubeconfig=d.cluster.kubeconfig)
     assert not any("static_configs" in c for c in configs)
     started = time.monotonic()
-    prom = scrape.start_prometheus(d.cluster, configs, interval="1s")
-    d.setup_s["prometheus ready"] = time.monotonic() - started
-    try:
-        yield prom
-    finally:
-        prom.stop()
+    prom: Prometheus = d.cluster.addons["prometheus"]  # the level option `prometheus`
+    prom.scrape(configs, interval="1s")
+    d.setup_s["prometheus scraping"] = time.monotonic() - started
+    yield prom
 
 
 def train_longer(steps: int, *overrides: str) -> Callable[[dict[str, Any]], None]:
@@ -196,7 +203,7 @@ def test_the_status_command_lists_the_trained_run_from_the_trainers_annotations(
 
 
 def test_a_real_prometheus_discovers_and_scrapes_the_run_pods_with_the_run_labels(
-    deployment: Deployment, prometheus: scrape.Prometheus
+    deployment: Deployment, prometheus: Prometheus
 ) -> None:
     """The PodMonitor's scrape configuration finds both pods of a training run through the API server,
     scrapes their metrics port, and the trainer's series carry the run's labels (run from the Training

@@ -47,7 +47,7 @@ from realpods_support import (
 )
 
 from tools.cluster import dryrun
-from tools.cluster.harness import Cluster
+from tools.cluster.cluster import Cluster
 
 pytestmark = [pytest.mark.realpods, pytest.mark.cluster, pytest.mark.slow]
 

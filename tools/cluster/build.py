@@ -1,6 +1,6 @@
 """Build the pinned Go binaries of the cluster harness once, cached by their module's go.sum.
 
-Each component folder under tools/cluster/ is one Go module (go.mod + go.sum + tools.go) that pins
+Each folder under tools/cluster/go/ is one Go module (go.mod + go.sum + tools.go) that pins
 one upstream project. A binary is built into
 
     $FSDP_GITOPS_CACHE/bin/<module>-<key>/<name>     (default cache: ~/.cache/fsdp-gitops)
@@ -13,7 +13,7 @@ concurrent test sessions never see a half-written binary.
     python -m tools.cluster.build --all
 
 A cold build takes minutes: while one runs, a line on stderr every PROGRESS_INTERVAL_S says so
-("build: kube-apiserver still building, 2m30s elapsed"); image.py's long steps report the same way.
+("build: kube-apiserver still building, 2m30s elapsed"); the image builder's long steps report the same way.
 """
 
 from __future__ import annotations
@@ -33,6 +33,10 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+# One Go module per pinned upstream project (go.mod + go.sum + tools.go), each in its own folder here.
+# The project's own programs among them (coredns, pause, helm-template) keep their module paths
+# fsdp-gitops/tools/cluster/<name>: a module path is a name, and changing it would change the cache key.
+GO_MODULES = HERE / "go"
 
 KUBERNETES_VERSION = "v1.34.2"
 
@@ -55,7 +59,7 @@ def _kube_ldflags() -> tuple[str, ...]:
 @dataclass(frozen=True)
 class Binary:
     name: str
-    module: str  # folder under tools/cluster/
+    module: str  # folder under tools/cluster/go/
     package: str
     ldflags: tuple[str, ...] = ()
     tags: str = ""  # go build -tags
@@ -94,7 +98,7 @@ BINARIES = {
         Binary("helm-controller", "helm-controller", "github.com/fluxcd/helm-controller"),
         Binary("prometheus", "prometheus", "github.com/prometheus/prometheus/cmd/prometheus"),
         Binary("promtool", "prometheus", "github.com/prometheus/prometheus/cmd/promtool"),
-        # The real-pods level (tools/cluster/realpods.py): a kubelet, containerd with its runc shim, runc,
+        # The real-pods level (tools/cluster/realpods.py, steps/): a kubelet, containerd with its runc shim, runc,
         # the CNI bridge plugins, a trimmed CoreDNS and a pause program.
         Binary("kubelet", "kubernetes", "k8s.io/kubernetes/cmd/kubelet", _kube_ldflags()),
         *(
@@ -172,7 +176,7 @@ def cache_root() -> Path:
 def _key(b: Binary) -> str:
     h = hashlib.sha256()
     for f in ("go.mod", "go.sum"):
-        h.update((HERE / b.module / f).read_bytes())
+        h.update((GO_MODULES / b.module / f).read_bytes())
     h.update("\0".join(b.ldflags).encode())
     if b.tags or b.cgo is not None:  # only where set, so the older binaries keep their keys
         h.update(f"\0tags={b.tags}\0cgo={b.cgo}".encode())
@@ -226,12 +230,14 @@ def binary(name: str) -> Path:
         if b.cgo is not None:
             env["CGO_ENABLED"] = "1" if b.cgo else "0"
         started = time.monotonic()
-        print(f"building {b.name} from tools/cluster/{b.module} (cold: minutes)", file=sys.stderr, flush=True)
-        proc = run_with_progress(cmd, f"build: {b.name}", cwd=HERE / b.module, env=env, capture_output=True, text=True)
+        print(f"building {b.name} from tools/cluster/go/{b.module} (cold: minutes)", file=sys.stderr, flush=True)
+        proc = run_with_progress(
+            cmd, f"build: {b.name}", cwd=GO_MODULES / b.module, env=env, capture_output=True, text=True
+        )
         if proc.returncode != 0:
             tmp.unlink(missing_ok=True)
             tail = "\n".join(proc.stderr.strip().splitlines()[-20:])
-            raise BuildError(f"go build {b.package} failed in tools/cluster/{b.module}:\n{tail}")
+            raise BuildError(f"go build {b.package} failed in tools/cluster/go/{b.module}:\n{tail}")
         os.replace(tmp, path)
         print(f"built {b.name} in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     return path

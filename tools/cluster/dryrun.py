@@ -25,7 +25,8 @@ from typing import Any
 
 import yaml
 
-from tools.cluster import harness
+from tools.cluster import build, levels
+from tools.cluster.cluster import Cluster
 
 KUSTOMIZATION_FILES = ("kustomization.yaml", "kustomization.yml", "Kustomization")
 REPO_SOURCE = "fsdp-gitops"  # the GitRepository every cluster's Flux syncs (overlays/clusters/<c>/sources.yaml)
@@ -58,7 +59,7 @@ def render(root: Path, path: str) -> list[dict[str, Any]]:
     folder = root / path
     if any((folder / k).is_file() for k in KUSTOMIZATION_FILES):
         res = subprocess.run(
-            [harness.tool_path("kustomize"), "build", "--load-restrictor=LoadRestrictionsNone", str(folder)],
+            [build.tool_path("kustomize"), "build", "--load-restrictor=LoadRestrictionsNone", str(folder)],
             capture_output=True,
             text=True,
         )
@@ -72,7 +73,7 @@ def render(root: Path, path: str) -> list[dict[str, Any]]:
     return docs
 
 
-def ensure_namespaces(cluster: harness.Cluster, rendered: dict[str, list[dict[str, Any]]]) -> None:
+def ensure_namespaces(cluster: Cluster, rendered: dict[str, list[dict[str, Any]]]) -> None:
     names = {
         d["metadata"]["namespace"] for docs in rendered.values() for d in docs if d.get("metadata", {}).get("namespace")
     }
@@ -80,7 +81,7 @@ def ensure_namespaces(cluster: harness.Cluster, rendered: dict[str, list[dict[st
     cluster.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}} for n in sorted(names)])
 
 
-def server_dry_run(cluster: harness.Cluster, root: Path, paths: list[str] | None = None) -> list[str]:
+def server_dry_run(cluster: Cluster, root: Path, paths: list[str] | None = None) -> list[str]:
     """Problems (`<path>: <message>`) of a server-side dry-run of each overlay; [] when all are accepted."""
     paths = paths if paths is not None else overlay_paths(root)
     problems: list[str] = []
@@ -124,7 +125,7 @@ def server_problems(root: Path, under: list[str] | None = None) -> tuple[int, li
     ]
     if not paths:
         return 0, []
-    cluster = harness.Cluster.start("api")
+    cluster = levels.start("api")
     try:
         return len(paths), server_dry_run(cluster, root, paths)
     finally:
@@ -132,7 +133,7 @@ def server_problems(root: Path, under: list[str] | None = None) -> tuple[int, li
 
 
 def main(argv: list[str]) -> int:
-    root = harness.REPO_ROOT
+    root = build.HERE.parent.parent
     checked, problems = server_problems(root, [str(Path(p).resolve().relative_to(root)) for p in argv] or None)
     for p in problems:
         print(p)

@@ -7,7 +7,7 @@ What the clone changes, and nothing else:
   https URL, which the generator requires; Clone.localize() rewrites again after each expand.py);
 - base/training-operator's GitRepository -> a local repository tagged as upstream, holding the
   operator's standalone manifests from the pinned module with the webhooks called by URL on loopback
-  (tools/cluster/harness.py says why);
+  (tools/cluster/steps/training_operator.py says why);
 - every HelmRepository -> a local Helm repository, every OCIRepository -> the local OCI registry
   (plain HTTP, so `insecure: true`), each serving stub charts (one ConfigMap) under the chart names
   and versions the HelmReleases pin;
@@ -32,8 +32,11 @@ from typing import Any
 
 import yaml
 
-from tools.cluster import harness
+from tools.cluster import build
+from tools.cluster.cluster import Cluster
+from tools.cluster.steps import training_operator
 
+REPO_ROOT = build.HERE.parent.parent
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "harness",
     "GIT_AUTHOR_EMAIL": "harness@example.invalid",
@@ -144,13 +147,13 @@ def prepare(work: Path, server: str, webhook_port: int, real_charts: dict[str, b
         (serve / sub).mkdir(parents=True, exist_ok=True)
     files = subprocess.run(
         ["git", "ls-files", "-z", "-co", "--exclude-standard"],
-        cwd=harness.REPO_ROOT,
+        cwd=REPO_ROOT,
         check=True,
         capture_output=True,
         text=True,
     ).stdout.split("\0")
     for rel in filter(None, files):
-        src = harness.REPO_ROOT / rel
+        src = REPO_ROOT / rel
         if src.is_file():
             (repo / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, repo / rel)
@@ -225,11 +228,11 @@ def prepare(work: Path, server: str, webhook_port: int, real_charts: dict[str, b
 
 def _operator_repo(src: Path, bare: Path, tag: str, webhook_port: int) -> None:
     """The operator's standalone overlay, rendered once with its webhooks on loopback, as its own repo."""
-    docs = harness.operator_standalone()
+    docs = training_operator.standalone()
     keep = [d for d in docs if d["kind"] == "Deployment"]  # Flux runs it as upstream does; kwok runs its pod
     out = src / "manifests" / "overlays" / "standalone"
     out.mkdir(parents=True)
-    served = harness.operator_manifests(docs, webhook_port) + keep if webhook_port else docs
+    served = training_operator.for_process(docs, webhook_port) + keep if webhook_port else docs
     (out / "all.yaml").write_text(yaml.safe_dump_all(served))
     (out / "kustomization.yaml").write_text(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - all.yaml\n"
@@ -240,7 +243,7 @@ def _operator_repo(src: Path, bare: Path, tag: str, webhook_port: int) -> None:
 def _reencrypt_secrets(work: Path, repo: Path) -> str:
     """Encrypt every *.sops.yaml Secret again, for a fresh age key; returns the private key."""
     keyfile = work / "age.key"
-    subprocess.run([harness.tool_path("age-keygen"), "-o", str(keyfile)], check=True, capture_output=True)
+    subprocess.run([build.tool_path("age-keygen"), "-o", str(keyfile)], check=True, capture_output=True)
     key = keyfile.read_text()
     recipient = next(line.split(": ", 1)[1] for line in key.splitlines() if line.startswith("# public key: "))
     for f in sorted((repo / "base" / "secrets").rglob("*.sops.yaml")):
@@ -255,7 +258,7 @@ def _reencrypt_secrets(work: Path, repo: Path) -> str:
         tmp.write_text(yaml.safe_dump_all(plain))
         enc = subprocess.run(
             [
-                harness.tool_path("sops"),
+                build.tool_path("sops"),
                 "--encrypt",
                 "--age",
                 recipient,
@@ -276,7 +279,7 @@ def _reencrypt_secrets(work: Path, repo: Path) -> str:
     return key
 
 
-def bootstrap(cluster: harness.Cluster, clone: Clone, name: str) -> None:
+def bootstrap(cluster: Cluster, clone: Clone, name: str) -> None:
     """What `flux bootstrap` leaves behind for cluster `name`: the age key, the repository's own
     GitRepository (exactly as overlays/clusters/<name>/sources.yaml has it, so Flux does not rebuild the
     artifact under kustomize-controller when it applies that file) and a Kustomization of the entry point."""
@@ -311,7 +314,7 @@ def bootstrap(cluster: harness.Cluster, clone: Clone, name: str) -> None:
     )
 
 
-def reconcile_now(cluster: harness.Cluster) -> None:
+def reconcile_now(cluster: Cluster) -> None:
     """`flux reconcile source git`: ask for a fetch now instead of waiting for the interval."""
     stamp = str(time.time())
     for kind in ("gitrepository", "kustomization"):
@@ -320,7 +323,7 @@ def reconcile_now(cluster: harness.Cluster) -> None:
         )
 
 
-def not_ready(cluster: harness.Cluster) -> dict[str, str]:
+def not_ready(cluster: Cluster) -> dict[str, str]:
     """Every Kustomization and HelmRelease that is not Ready=True -> its Ready message."""
     out = {}
     for kind in ("kustomizations.kustomize.toolkit.fluxcd.io", "helmreleases.helm.toolkit.fluxcd.io"):

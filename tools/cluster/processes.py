@@ -16,12 +16,15 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 _PR_SET_PDEATHSIG = 1
+CLONE_NEWNET = 0x40000000
 
 
 def _die_with_parent() -> None:
@@ -199,3 +202,28 @@ def _held_by_another_worker(inode: int) -> bool:
                 return True  # a child of the controller other than this worker
             chain = up
     return False
+
+
+def in_netns(holder: int, fn: Callable[[], Any]) -> Any:
+    """Run fn() on a new thread that joined `holder`'s network namespace (sockets it opens live there):
+    the real-pods level's components listen only inside it."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            fd = os.open(f"/proc/{holder}/ns/net", os.O_RDONLY)
+            try:
+                if ctypes.CDLL("libc.so.6", use_errno=True).setns(fd, CLONE_NEWNET) != 0:
+                    raise OSError(ctypes.get_errno(), "setns into the cluster's network namespace failed")
+            finally:
+                os.close(fd)
+            out["value"] = fn()
+        except BaseException as e:  # handed to the caller's thread
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join()
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")

@@ -2,15 +2,15 @@
 
 Every CustomResourceDefinition the repository's manifests use comes from a pinned Go module zip
 (downloaded with `go mod download`, checked against the go.sum beside its pin) or from a vendored
-copy with its source and tag (tools/cluster/crds/vendor/SOURCES.md):
+copy with its source and tag (tools/cluster/go/crds/vendor/SOURCES.md):
 
-    kubeflow.org                        tools/cluster/training-operator   manifests/base/crds/
-    trainer.kubeflow.org, jobset.x-k8s.io  tools/cluster/kubeflow-trainer  manifests/base/crds/,
+    kubeflow.org                        tools/cluster/go/training-operator   manifests/base/crds/
+    trainer.kubeflow.org, jobset.x-k8s.io  tools/cluster/go/kubeflow-trainer  manifests/base/crds/,
                                                                           config/components/crd/bases/
     source/kustomize/helm.toolkit...    tools/cluster/<flux controller>   config/crd/bases/
-    monitoring.coreos.com, kueue...,    tools/cluster/crds                example/prometheus-operator-crd/,
+    monitoring.coreos.com, kueue...,    tools/cluster/go/crds                example/prometheus-operator-crd/,
     karpenter.sh, karpenter.k8s.aws                                       config/components/crd/bases/, pkg/apis/crds/
-    image.toolkit.fluxcd.io             tools/cluster/crds/vendor/
+    image.toolkit.fluxcd.io             tools/cluster/go/crds/vendor/
 
 The harness installs these CRDs into the API server; the kubeconform JSON schemas are converted from
 the same files with the semantics of kubeconform's scripts/openapi2jsonschema.py (as the
@@ -43,7 +43,8 @@ import yaml
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parent.parent
 DEFAULT_OUT = REPO_ROOT / ".tools" / "schemas"
-VENDOR = HERE / "crds" / "vendor"
+GO_MODULES = HERE / "go"  # build.GO_MODULES: one Go module per pinned project
+VENDOR = GO_MODULES / "crds" / "vendor"
 EKSCTL_SCHEMA = "eksctl/clusterconfig_v1alpha5.json"
 
 
@@ -79,7 +80,7 @@ class SchemaError(RuntimeError):
 
 def pinned_version(src: Source) -> tuple[str, str]:
     """(version, h1 hash of the module zip) of src.module as its pin folder's go.mod and go.sum say."""
-    gomod = (HERE / src.pin / "go.mod").read_text()
+    gomod = (GO_MODULES / src.pin / "go.mod").read_text()
     version = ""
     for line in gomod.splitlines():
         words = line.split("//")[0].split()
@@ -89,7 +90,7 @@ def pinned_version(src: Source) -> tuple[str, str]:
             version = words[1]
     if not version:
         raise SchemaError(f"tools/cluster/{src.pin}/go.mod: no require line for {src.module}")
-    for line in (HERE / src.pin / "go.sum").read_text().splitlines():
+    for line in (GO_MODULES / src.pin / "go.sum").read_text().splitlines():
         words = line.split()
         if words[:2] == [src.module, version]:
             return version, words[2]

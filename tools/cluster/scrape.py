@@ -1,11 +1,10 @@
 """The Prometheus scrape configuration prometheus-operator generates for PodMonitors and ServiceMonitors,
-and a real Prometheus that scrapes a cluster of the harness with it.
+which the level option `prometheus` (tools/cluster/steps/prometheus.py) scrapes a cluster with.
 
     configs = scrape_configs(cluster.get("podmonitors.monitoring.coreos.com")["items"], kubeconfig=...)
-    prom = start_prometheus(cluster, configs, interval="1s")   # inside the real-pods level's namespaces
-    prom.query('fsdp_step{run="..."}'); prom.targets()
+    cluster.addons["prometheus"].scrape(configs, interval="1s")
 
-The rules are prometheus-operator v0.85.0's (the version whose CRDs tools/cluster/crds pins),
+The rules are prometheus-operator v0.85.0's (the version whose CRDs tools/cluster/go/crds pins),
 pkg/prometheus/promcfg.go generatePodMonitorConfig / generateServiceMonitorConfig, for a Prometheus
 object without scrape classes, enforced labels or limits and one shard: one scrape job per endpoint,
 named `podMonitor/<namespace>/<name>/<i>` (`serviceMonitor/...`), Kubernetes service discovery of
@@ -27,24 +26,10 @@ module does not translate raises UnsupportedField naming it: nothing is silently
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import shutil
-import urllib.parse
-import urllib.request
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import yaml
-
-from tools.cluster import build, processes
-from tools.cluster.processes import free_port
-
-if TYPE_CHECKING:
-    from tools.cluster.harness import Cluster
+from typing import Any
 
 POD_MONITOR_FIELDS = {"jobLabel", "namespaceSelector", "selector", "podMetricsEndpoints", "podTargetLabels"}
 SERVICE_MONITOR_FIELDS = {"jobLabel", "namespaceSelector", "selector", "endpoints", "targetLabels", "podTargetLabels"}
@@ -341,74 +326,3 @@ def scrape_configs(
         for m in sorted(found[kind], key=lambda m: (m["metadata"]["namespace"], m["metadata"]["name"])):
             out += make(m, interval=interval, kubeconfig=kubeconfig)
     return out
-
-
-# --------------------------------------------------------------------------------------- Prometheus
-
-
-@dataclass
-class Prometheus:
-    """A Prometheus the harness started (Cluster.procs["prometheus"]); its API is reached from where it
-    listens (inside the real-pods level's network namespace)."""
-
-    cluster: Cluster
-    url: str
-    folder: Path
-
-    def _get(self, path: str, **params: Any) -> Any:
-        url = f"{self.url}/api/v1/{path}" + ("?" + urllib.parse.urlencode(params) if params else "")
-
-        def get() -> Any:
-            with urllib.request.urlopen(url, timeout=10) as r:
-                return json.load(r)
-
-        body = self.cluster.in_netns(get)
-        if body.get("status") != "success":
-            raise RuntimeError(f"Prometheus {path}: {body}")
-        return body["data"]
-
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        return self._get("query", query=expr)["result"]
-
-    def targets(self) -> dict[str, list[dict[str, Any]]]:
-        """{"activeTargets": [...], "droppedTargets": [...]} of /api/v1/targets."""
-        return self._get("targets")
-
-    def ready(self) -> bool:
-        return self.cluster.get_url(f"{self.url}/-/ready") is not None
-
-    def stop(self) -> None:
-        proc = self.cluster.procs.pop("prometheus", None)
-        if proc:
-            processes.stop(proc)
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def start_prometheus(cluster: Cluster, configs: list[dict[str, Any]], interval: str = "1s") -> Prometheus:
-    """The pinned Prometheus (tools/cluster/prometheus) with `configs`, started where the cluster's
-    components run (on the real-pods level inside its namespaces, so it reaches pod IPs and the API
-    server at the kubeconfig's address), registered in cluster.procs so Cluster.stop stops it."""
-    folder = cluster.work / "prometheus"
-    folder.mkdir(exist_ok=True)
-    config = {
-        "global": {"scrape_interval": interval, "scrape_timeout": interval, "evaluation_interval": interval},
-        "scrape_configs": configs,
-    }
-    (folder / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
-    port = free_port()
-    proc = cluster._start(
-        "prometheus",
-        [
-            build.binary("prometheus"),
-            f"--config.file={folder / 'prometheus.yml'}",
-            f"--storage.tsdb.path={folder / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        # Prometheus' web UI asks for its working directory at start (os.Getwd, a panic on error); the
-        # getcwd call fails for the folder nsenter enters in the other mount namespace, while Go's check
-        # of $PWD against "." (stat by path) succeeds: $PWD names that folder.
-        env={**os.environ, "PWD": str(cluster.work)},
-    )
-    prom = Prometheus(cluster, f"http://127.0.0.1:{port}", folder)
-    proc.wait_ready(prom.ready, 60, "ready")
-    return prom

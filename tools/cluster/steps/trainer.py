@@ -1,10 +1,9 @@
 """Kubeflow Trainer v2 and the JobSet controller in the cluster harness, for clusters with job_api: trainjob.
 
-    trainer = kubeflow_trainer.start(cluster)   # an "operator" level Cluster (kwok nodes, scheduler, ...)
-    ...
-    kubeflow_trainer.stop(cluster)              # kills both processes and removes their webhooks
+    levels.start("operator", trainjob=True)   # the step `kubeflow-trainer` (on the pods level too)
+    trainer.stop(cluster, cluster.addons["kubeflow-trainer"])   # kills both, removes their webhooks
 
-What runs (tools/cluster/kubeflow-trainer/go.mod: github.com/kubeflow/trainer/v2 v2.3.0 and
+What runs (tools/cluster/go/kubeflow-trainer/go.mod: github.com/kubeflow/trainer/v2 v2.3.0 and
 sigs.k8s.io/jobset v0.12.0, the releases base/components/kubeflow-trainer installs):
 - the JobSet controller (`sigs.k8s.io/jobset`, main.go) and the Trainer controller manager
   (cmd/trainer-controller-manager), each configured by the file its upstream manifests mount from a
@@ -21,16 +20,14 @@ sigs.k8s.io/jobset v0.12.0, the releases base/components/kubeflow-trainer instal
 - Certificates: both controllers run open-policy-agent/cert-controller's rotator, which fills the
   Secret and injects the CA into the webhook configurations, then waits for the files in the
   hard-coded folder /tmp/k8s-webhook-server/serving-certs (a kubelet's Secret volume); as for the
-  Training Operator (harness.py), each process gets a private /tmp where that folder is a bind mount of
-  one the harness fills from the Secret. Each finds its namespace (kubeflow-system, jobset-system) by
+  Training Operator (tools/cluster/certs.py), each process gets a private /tmp where that folder is a
+  bind mount of one the harness fills from the Secret. Each finds its namespace (kubeflow-system, jobset-system) by
   its default, as no service account file exists outside a pod.
 """
 
 from __future__ import annotations
 
-import base64
 import copy
-import json
 import os
 import subprocess
 from dataclasses import dataclass
@@ -39,8 +36,8 @@ from typing import Any
 
 import yaml
 
-from tools.cluster import build, processes, schemas
-from tools.cluster.harness import OPERATOR_CERT_DIR, tool_path
+from tools.cluster import build, certs, processes, schemas
+from tools.cluster.cluster import Cluster
 from tools.cluster.processes import Process, free_port
 
 TRAINER_SOURCE = schemas.Source("kubeflow-trainer", "github.com/kubeflow/trainer/v2", ())
@@ -85,7 +82,7 @@ class Running:
 
 def _kustomize(folder: Path) -> list[dict[str, Any]]:
     out = subprocess.run(
-        [tool_path("kustomize"), "build", "--load-restrictor=LoadRestrictionsNone", str(folder)],
+        [build.tool_path("kustomize"), "build", "--load-restrictor=LoadRestrictionsNone", str(folder)],
         capture_output=True,
         text=True,
     )
@@ -149,55 +146,44 @@ def config_for_process(c: Controller, docs: list[dict[str, Any]], webhook_port: 
     return cfg
 
 
-def start_one(cluster: Any, c: Controller, timeout_s: float = 300) -> Running:
+def start_one(cluster: Cluster, c: Controller, timeout_s: float = 300) -> Running:
     work = Path(cluster.work) / c.process
     work.mkdir(parents=True, exist_ok=True)
     webhook_port, health_port = free_port(), free_port()
-    hosts = Path(cluster.work) / "hosts"
-    if c.host not in hosts.read_text().split():
-        with open(hosts, "a") as f:  # in place: the API server's mount namespace binds this file
-            f.write(f"127.0.0.1 {c.host}\n")
+    certs.add_host(cluster, c.host)
     docs = upstream_manifests(c, work)
     applied = for_process(c, docs, webhook_port)
     cluster.apply(applied)
     (work / "config.yaml").write_text(yaml.safe_dump(config_for_process(c, docs, webhook_port, health_port)))
-    certs = work / "certs"
-    certs.mkdir(exist_ok=True)
-    proc = cluster._start(
+    folder = work / "certs"
+    folder.mkdir(exist_ok=True)
+    proc = cluster.start_process(
         c.process,
         [str(build.binary(c.binary)), f"--config={work / 'config.yaml'}", "--zap-log-level=2"],
         env={"KUBECONFIG": str(cluster.kubeconfig), "PATH": "/usr/bin:/bin"},
         private_ns=True,
-        mounts=[(certs, OPERATOR_CERT_DIR)],
+        mounts=[(folder, certs.DEFAULT_CERT_DIR)],
         private_tmp=True,
     )
 
-    def certs_copied() -> bool:
-        # What a kubelet would do: project the Secret the rotator filled into the certificate folder.
-        res = cluster.kubectl_result("get", "secret", "-n", c.namespace, c.secret, "-o", "json")
-        data = (json.loads(res.stdout).get("data") or {}) if res.returncode == 0 else {}
-        if not all(data.get(k) for k in ("ca.crt", "tls.crt", "tls.key")):
-            return False
-        for k in ("ca.crt", "tls.crt", "tls.key"):
-            (certs / k).write_bytes(base64.b64decode(data[k]))
-        return True
-
-    proc.wait_ready(certs_copied, timeout_s, "writing its webhook certificate")
+    copied = lambda: certs.copy_secret(cluster, c.namespace, c.secret, folder)  # noqa: E731
+    proc.wait_ready(copied, timeout_s, "writing its webhook certificate")
     proc.wait_ready(lambda: cluster.get_url(f"http://127.0.0.1:{health_port}/readyz") == "ok", timeout_s, "ready")
     return Running(proc, webhook_port, health_port, applied)
 
 
-def start(cluster: Any, timeout_s: float = 300) -> dict[str, Running]:
+def start(cluster: Cluster, timeout_s: float = 300) -> dict[str, Running]:
     """JobSet first (the Trainer creates JobSets through its webhooks), then the Trainer; returns once
     both answer their webhooks."""
     out = {JOBSET.process: start_one(cluster, JOBSET, timeout_s)}
     out[JOBSET.process].process.wait_ready(lambda: jobset_webhook_answers(cluster), 60, "answering its webhooks")
     out[TRAINER.process] = start_one(cluster, TRAINER, timeout_s)
     out[TRAINER.process].process.wait_ready(lambda: trainer_webhook_answers(cluster), 60, "answering its webhooks")
+    cluster.addons["kubeflow-trainer"] = out
     return out
 
 
-def jobset_webhook_answers(cluster: Any) -> bool:
+def jobset_webhook_answers(cluster: Cluster) -> bool:
     """A JobSet without replicated Jobs is refused by JobSet's validating webhook (failurePolicy Fail):
     the refusal names the webhook only while the API server reaches the controller."""
     probe = {
@@ -210,7 +196,7 @@ def jobset_webhook_answers(cluster: Any) -> bool:
     return res.returncode == 0 or 'admission webhook "vjobset.kb.io" denied' in res.stderr
 
 
-def trainer_webhook_answers(cluster: Any) -> bool:
+def trainer_webhook_answers(cluster: Cluster) -> bool:
     """A TrainJob naming a runtime that does not exist is refused by the Trainer's validating webhook."""
     probe = {
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
@@ -222,7 +208,7 @@ def trainer_webhook_answers(cluster: Any) -> bool:
     return 'admission webhook "validator.trainjob.trainer.kubeflow.org" denied' in res.stderr
 
 
-def stop(cluster: Any, running: dict[str, Running]) -> None:
+def stop(cluster: Cluster, running: dict[str, Running]) -> None:
     """Kill both processes and remove what start() applied of their webhooks (as `helm uninstall`)."""
     for name, r in reversed(list(running.items())):
         proc = cluster.procs.pop(name, None)

@@ -1,12 +1,12 @@
 """Kueue's real controller in the cluster harness, configured by what the repository ships.
 
-    kueue.start(cluster)              # on an "operator" level Cluster (or any cluster object that starts
-    ...                               # processes the way harness.Cluster._start does)
-    kueue.stop(cluster)               # kills the process; its webhooks stay registered, as when its pod dies
+    levels.start("operator", kueue=True)   # the step `kueue` (kueue="<cluster>": that cluster's release)
+    kueue.start(cluster)                   # the same on a started level
+    kueue.stop(cluster)                    # kills the process; its webhooks stay registered, as when its pod dies
 
-What runs (sigs.k8s.io/kueue v0.16.2, tools/cluster/kueue, the release base/components/kueue installs):
+What runs (sigs.k8s.io/kueue v0.16.2, tools/cluster/go/kueue, the release base/components/kueue installs):
 - The manifests are the real chart's: charts/kueue of the same module zip, rendered by Helm's own
-  template engine (tools/cluster/helm-template, the Helm packages Flux's helm-controller links) with
+  template engine (tools/cluster/go/helm-template, the Helm packages Flux's helm-controller links) with
   the `values` of the repository's HelmRelease (base/components/kueue/controller/release.yaml, or a
   cluster's controllers overlay as kustomize builds it), then the HelmRelease's kustomize
   postRenderers applied with kustomize, as helm-controller applies them. Of those the harness applies
@@ -22,33 +22,31 @@ What runs (sigs.k8s.io/kueue v0.16.2, tools/cluster/kueue, the release base/comp
 - Webhooks and conversion are called by URL instead of by Service (a Service would send the API server
   to a ClusterIP beyond loopback), on the host name of Kueue's serving certificate,
   kueue-webhook-service.kueue-system.svc: the harness adds it to the hosts file that the API
-  server's private mount namespace sees (harness.py), so it resolves to 127.0.0.1 there only.
+  server's private mount namespace sees (tools/cluster/certs.py), so it resolves to 127.0.0.1 there only.
 - Certificates: Kueue's internal certificate management (open-policy-agent/cert-controller's
   rotator, as in the Training Operator) fills the Secret kueue-system/kueue-webhook-server-cert and
   injects the CA into the webhook configurations and the CRDs, then waits until the certificate is in
-  its certificate folder (a kubelet's Secret volume); the harness copies the Secret's files there, as
-  harness.py does for the operator. Kueue needs no private mount namespace of its own: its certificate
+  its certificate folder (a kubelet's Secret volume); the harness copies the Secret's files there
+  (tools/cluster/certs.py), as for the operator. Kueue needs no private mount namespace of its own: its certificate
   folder is a configuration field, not a hard-coded path.
 """
 
 from __future__ import annotations
 
-import base64
 import copy
-import json
 import subprocess
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from tools.cluster import build, processes, schemas
-from tools.cluster.harness import REPO_ROOT, _get, tool_path
+from tools.cluster import build, certs, processes, schemas
+from tools.cluster.cluster import Cluster
 from tools.cluster.processes import Process, free_port
 
 SOURCE = schemas.Source("kueue", "sigs.k8s.io/kueue", ())
+REPO_ROOT = build.HERE.parent.parent
 RELEASE_FILE = REPO_ROOT / "base" / "components" / "kueue" / "controller" / "release.yaml"
 NAMESPACE = "kueue-system"
 RELEASE = "kueue"  # Flux's release name for HelmRelease kueue-system/kueue (no targetNamespace)
@@ -62,8 +60,6 @@ PROCESS = "kueue"
 # The chart's templates the harness applies (the rest is the Deployment and what serves it).
 TEMPLATES = ("templates/webhook/manifests.yaml", "templates/crd/", "templates/internalcert/")
 CONFIG_TEMPLATE = "templates/manager/manager-config.yaml"
-
-StartProcess = Callable[..., Process]
 
 
 @dataclass
@@ -85,7 +81,7 @@ def repository_release(cluster_name: str | None = None) -> dict[str, Any]:
     else:
         out = _run(
             [
-                tool_path("kustomize"),
+                build.tool_path("kustomize"),
                 "build",
                 str(REPO_ROOT / "overlays" / "infrastructure" / cluster_name / "controllers"),
             ]
@@ -134,7 +130,7 @@ def render_chart(values: dict[str, Any], post_renderers: list[dict[str, Any]], w
                 }
             )
         )
-        text = _run([tool_path("kustomize"), "build", str(step)])
+        text = _run([build.tool_path("kustomize"), "build", str(step)])
     return [d for d in yaml.safe_load_all(text) if isinstance(d, dict)]
 
 
@@ -184,7 +180,7 @@ def config_for_process(
     return cfg
 
 
-def install(cluster: Any, release: dict[str, Any] | None = None, *, webhook_port: int) -> list[dict[str, Any]]:
+def install(cluster: Cluster, release: dict[str, Any] | None = None, *, webhook_port: int) -> list[dict[str, Any]]:
     """Render Kueue's chart with the HelmRelease `release` (default: the repository's) and apply what the
     harness keeps of it, its webhooks and conversion calling https://WEBHOOK_HOST:`webhook_port`; starts
     nothing (so Kueue is "not serving", as while its pod starts). Returns the whole rendering."""
@@ -197,69 +193,42 @@ def install(cluster: Any, release: dict[str, Any] | None = None, *, webhook_port
     return docs
 
 
-def start(
-    cluster: Any,
-    release: dict[str, Any] | None = None,
-    *,
-    start_process: StartProcess | None = None,
-    hosts_file: Path | None = None,
-    timeout_s: float = 240,
-) -> Kueue:
-    """install() Kueue into `cluster` and start the controller as a process; returns once its webhooks answer.
-
-    `cluster`: a harness.Cluster, or anything with the same `work`, `kubeconfig`, `apply`,
-    `kubectl_result`, `procs` and `_start(name, args, env=...) -> Process`, and optionally
-    `get_url(url)` (an HTTP GET where the processes listen, e.g. inside the real-pods level's network
-    namespace). `release`: the HelmRelease whose values and post-renderers configure Kueue (default:
-    the repository's). `start_process`: how processes start (default: cluster._start). `hosts_file`:
-    the hosts file the API server resolves names with (default: cluster.work / "hosts", the one
-    harness.py binds over the API server's /etc/hosts)."""
+def start(cluster: Cluster, release: dict[str, Any] | None = None, *, timeout_s: float = 240) -> Kueue:
+    """install() Kueue into `cluster` and start the controller as a process; returns once its webhooks
+    answer. `release`: the HelmRelease whose values and post-renderers configure Kueue (default: the one
+    of the level's option `kueue` when it names a cluster of matrix.yaml, else the repository's)."""
+    if release is None and isinstance(cluster.options.get("kueue"), str):
+        release = repository_release(cluster.options["kueue"])
     work = Path(cluster.work) / "kueue"
     webhook_port, health_port, metrics_port = free_port(), free_port(), free_port()
-    hosts = hosts_file or Path(cluster.work) / "hosts"
-    lines = hosts.read_text().splitlines() if hosts.exists() else []
-    if not any(WEBHOOK_HOST in line.split() for line in lines):
-        # In place (same inode): the API server's private mount namespace sees a bind mount of this file.
-        with open(hosts, "a") as f:
-            f.write(f"127.0.0.1 {WEBHOOK_HOST}\n")
+    certs.add_host(cluster, WEBHOOK_HOST)
     docs = install(cluster, release, webhook_port=webhook_port)
-    certs = work / "certs"
-    certs.mkdir(parents=True, exist_ok=True)
+    folder = work / "certs"
+    folder.mkdir(parents=True, exist_ok=True)
     config = config_for_process(
         rendered_config(docs),
         webhook_port=webhook_port,
         health_port=health_port,
         metrics_port=metrics_port,
-        cert_dir=certs,
+        cert_dir=folder,
     )
     (work / "controller_manager_config.yaml").write_text(yaml.safe_dump(config))
-    launch = start_process or cluster._start
-    proc = launch(
+    proc = cluster.start_process(
         PROCESS,
         [build.binary("kueue"), f"--config={work / 'controller_manager_config.yaml'}", "--zap-log-level=2"],
         env={"KUBECONFIG": str(cluster.kubeconfig), "PATH": "/usr/bin:/bin"},
     )
-
-    def certs_copied() -> bool:
-        # What a kubelet would do: project the Secret the rotator filled into Kueue's certificate folder.
-        res = cluster.kubectl_result("get", "secret", "-n", NAMESPACE, CERT_SECRET, "-o", "json")
-        if res.returncode != 0:
-            return False
-        data = json.loads(res.stdout).get("data") or {}
-        if not all(data.get(k) for k in ("ca.crt", "tls.crt", "tls.key")):
-            return False
-        for k in ("ca.crt", "tls.crt", "tls.key"):
-            (certs / k).write_bytes(base64.b64decode(data[k]))
-        return True
-
-    proc.wait_ready(certs_copied, timeout_s, "writing its webhook certificate")
-    get = getattr(cluster, "get_url", _get)  # the real-pods level answers from its network namespace
-    proc.wait_ready(lambda: get(f"http://127.0.0.1:{health_port}/readyz") == "ok", timeout_s, "ready")
+    copied = lambda: certs.copy_secret(cluster, NAMESPACE, CERT_SECRET, folder)  # noqa: E731
+    proc.wait_ready(copied, timeout_s, "writing its webhook certificate")
+    ready = f"http://127.0.0.1:{health_port}/readyz"
+    proc.wait_ready(lambda: cluster.get_url(ready) == "ok", timeout_s, "ready")
     proc.wait_ready(lambda: webhook_answers(cluster), 60, "answering its webhooks")
-    return Kueue(proc, webhook_port, health_port, config, for_process(docs, webhook_port))
+    kueue = Kueue(proc, webhook_port, health_port, config, for_process(docs, webhook_port))
+    cluster.addons["kueue"] = kueue
+    return kueue
 
 
-def webhook_answers(cluster: Any) -> bool:
+def webhook_answers(cluster: Cluster) -> bool:
     """A ClusterQueue create (dry run) goes through Kueue's mutating and validating webhooks, which
     have failurePolicy Fail: it succeeds only while the API server reaches Kueue."""
     probe = {
@@ -272,14 +241,14 @@ def webhook_answers(cluster: Any) -> bool:
     return res.returncode == 0
 
 
-def stop(cluster: Any) -> None:
+def stop(cluster: Cluster) -> None:
     """Kill the Kueue process (SIGTERM, then SIGKILL); its webhook configurations stay registered."""
     proc = cluster.procs.pop(PROCESS, None)
     if proc is not None:
         processes.stop(proc)
 
 
-def uninstall(cluster: Any) -> None:
+def uninstall(cluster: Cluster) -> None:
     """Remove Kueue's webhook configurations (what `helm uninstall` removes first)."""
     for kind, name in WEBHOOK_CONFIGURATIONS:
         cluster.kubectl("delete", kind, name, "--ignore-not-found")
