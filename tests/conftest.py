@@ -12,11 +12,18 @@ so the grouping is a scheduler here.)
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
-from click.testing import Result
-from scheduling_support import CLUSTER_TESTS, LONG_UNITS, unit_of
-from support import cli_run
+
+# pytest rewrites the asserts of test modules and conftests only: a support module's assert (a helper's
+# check of a pod, a run, a command's exit) would fail with its message alone, without the values that
+# explain it (a command's output). So each is registered before anything imports it.
+pytest.register_assert_rewrite(*sorted(p.stem for p in Path(__file__).parent.rglob("*support.py")))
+
+from click.testing import Result  # noqa: E402
+from scheduling_support import CLUSTER_TESTS, LONG_UNITS, unit_of  # noqa: E402
+from support import cli_run  # noqa: E402
 
 try:
     from xdist.scheduler import LoadScopeScheduling
