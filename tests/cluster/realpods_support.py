@@ -24,6 +24,15 @@ from tools.cluster.cluster import Cluster
 
 CLUSTER = "fsdp-p4de"
 INSTANCE = "p4de.24xlarge"
+# The level test_realpods_level.py and test_realpods_runs.py share (one start for both modules).
+SHARED_LEVEL = {
+    "instance_type": INSTANCE,
+    "gpu_nodes": 2,
+    "cpu_node": True,
+    "trainer": True,
+    "kueue": True,
+    "prometheus": True,
+}
 NS = "fsdp"
 TRAINER_IMAGE = "111122223333.dkr.ecr.us-west-2.amazonaws.com/fsdp-gitops/trainer"
 BUSYBOX_IMAGE = "docker.io/library/busybox"

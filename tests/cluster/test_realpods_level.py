@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import pytest
+from realpods_support import INSTANCE, SHARED_LEVEL
 
 from tools.cluster import realpods
 from tools.cluster.cluster import Cluster
@@ -20,16 +21,7 @@ from trainer.catalog import INSTANCE_TYPES
 
 pytestmark = [pytest.mark.realpods, pytest.mark.cluster, pytest.mark.slow]
 
-INSTANCE = "p4de.24xlarge"
-# The options of test_realpods_runs.py, so that both modules share one started level.
-REALPODS_OPTIONS = {
-    "instance_type": INSTANCE,
-    "gpu_nodes": 2,
-    "cpu_node": True,
-    "trainer": True,
-    "kueue": True,
-    "prometheus": True,
-}
+REALPODS_OPTIONS = SHARED_LEVEL  # one started level with test_realpods_runs.py
 GPU_NODE = "p4de-24xlarge-0"
 TOLERATE_GPU = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
 

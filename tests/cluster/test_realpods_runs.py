@@ -35,12 +35,12 @@ import pytest
 import yaml
 from realpods_support import (
     CLUSTER,
-    INSTANCE,
     INTERVAL,
     JOB_LABEL,
     MAX_RETRIES,
     METRICS_PORT,
     NS,
+    SHARED_LEVEL,
     STEPS,
     TRAINER_UID,
     Deployment,
@@ -67,14 +67,7 @@ from tools.cluster.steps.prometheus import Prometheus
 
 pytestmark = [pytest.mark.realpods, pytest.mark.cluster, pytest.mark.slow]
 
-REALPODS_OPTIONS = {
-    "instance_type": INSTANCE,
-    "gpu_nodes": 2,
-    "cpu_node": True,
-    "trainer": True,
-    "kueue": True,
-    "prometheus": True,
-}
+REALPODS_OPTIONS = SHARED_LEVEL
 MONITORS = ("podmonitors.monitoring.coreos.com", "servicemonitors.monitoring.coreos.com")
 KILL_RUN_STEPS = 40  # the SIGKILL test's run: long enough that the kill lands far from its end
 WRONG_PORT = "http-metrics"  # a port name no container of the run declares (the mutation of the scrape test)
