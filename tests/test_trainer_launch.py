@@ -259,16 +259,36 @@ def test_losing_worker_0s_node_is_a_restartable_exit_and_the_restarted_job_resum
 
 @pytest.mark.slow
 def test_workers_whose_collectives_broke_with_the_lost_node_are_restartable_too(tmp_path):
-    # No restart left, and torchrun looks at its store only every 20 s: what it sees first is its worker
-    # failing in a collective (gloo: connection closed by peer), exit 1 like any trainer exception.
-    nodes = job(tmp_path, ["--max-restarts=0", "--monitor-interval=20"], ["checkpoint.interval_steps=2"])
+    # No restart left, and what torchrun sees first is its worker failing in a collective (gloo:
+    # connection closed by peer), exit 1 like any trainer exception. Which torchrun meets first, its
+    # worker's exit or its own store read at the next monitor tick, is a race on a loaded machine, so
+    # the agent is stopped (SIGSTOP) until its worker has exited and only then continued.
+    nodes = job(tmp_path, ["--max-restarts=0"], ["checkpoint.interval_steps=2"])
     (first, _), (second, second_log) = nodes
     wait_for_checkpoint(tmp_path / "ckpt", nodes)
-    lose_node(first)
+    (worker,) = worker_pids(second.pid).values()
+    os.kill(second.pid, signal.SIGSTOP)
+    try:
+        lose_node(first)
+        deadline = time.monotonic() + 60
+        while not exited(worker):
+            assert time.monotonic() < deadline, "the surviving node's worker did not fail in its collective"
+            time.sleep(0.05)
+    finally:
+        os.kill(second.pid, signal.SIGCONT)
     log = finish_log(second, second_log, 90)
     assert second.returncode == LOST_PEER, f"exit {second.returncode}:\n{log[-4000:]}"
     assert re.search(r"Connection (closed|reset) by peer", log), log[-3000:]
     assert re.search(r"launch: the workers failed \(rank \d exit 1\); the rendezvous store is gone", log), log[-3000:]
+
+
+def exited(pid: int) -> bool:
+    """Whether process `pid` has exited: gone, or a zombie its stopped parent has not reaped yet."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
 @pytest.mark.slow
