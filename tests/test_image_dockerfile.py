@@ -4,7 +4,7 @@ Fast tests, Python only: the Dockerfile's final stage as the image builder reads
 an independent reading of the file; edits to a copy of the Dockerfile that the test image cannot
 follow fail the build with the line; and the layer and OCI archive writers on small synthetic
 layers (digests, sizes, diff_ids, names, determinism). tests/test_image_build.py checks the real
-images, tests/test_image_rootfs.py runs them.
+images, tests/cluster/test_image_rootfs.py runs them.
 """
 
 from __future__ import annotations

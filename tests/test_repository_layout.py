@@ -203,3 +203,16 @@ def test_only_the_cluster_tier_starts_levels() -> None:
             if isinstance(func, ast.Attribute) and func.attr == "start" and getattr(func.value, "id", "") == "levels":
                 found.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno}: levels.start(...)")
     assert found == []
+
+
+def test_every_module_that_needs_root_lives_in_the_cluster_tier() -> None:
+    """A module marked realpods (root, namespaces, cgroups) runs under tests/cluster/ with the real-pods level."""
+    found = []
+    for path in (REPO_ROOT / "tests").rglob("*.py"):
+        if path.is_relative_to(REPO_ROOT / "tests" / "cluster"):
+            continue
+        for node in ast.walk(parsed(path)):
+            mark = node if isinstance(node, ast.Attribute) and node.attr == "realpods" else None
+            if mark is not None and isinstance(mark.value, ast.Attribute) and mark.value.attr == "mark":
+                found.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno}: pytest.mark.realpods")
+    assert found == []

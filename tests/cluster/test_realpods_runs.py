@@ -430,12 +430,15 @@ def test_mutation_a_wrong_service_name_fails_the_run_naming_it(deployment: Deplo
 
 def test_mutation_a_secret_the_trainer_cannot_read_fails_naming_it(deployment: Deployment) -> None:
     """The token's mode 0440 is readable through the pod's fsGroup only (the kubelet gives the file that
-    group); without fsGroup the file is root's and the trainer's user cannot read it."""
+    group); without fsGroup the file is root's and the trainer's user cannot read it. The run is made
+    long (the tiny model reads no token), so that its container is still there when the probe runs in it:
+    the tiny run's own length ended it before the probe once on a fast machine."""
     d = deployment
 
     def no_fsgroup(job: dict[str, Any]) -> None:
         del _spec(job)["securityContext"]["fsGroup"]
         del _spec(job)["securityContext"]["fsGroupChangePolicy"]
+        _spec(job)["containers"][0]["command"] += ["training.max_steps=100000"]
 
     apply_run(d, no_fsgroup)
     d.cluster.wait_for(
