@@ -107,7 +107,8 @@ def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> floa
 
 def breakdown_from_kernels(kernels: list[tuple[str, float, float]], wall: float, num_steps: int) -> dict:
     """Milliseconds per step from GPU kernels (name, start, end in microseconds) over `wall` microseconds:
-    compute (non-communication kernels, optimizer included), optimizer (its kernels alone), communication
+    compute (non-communication kernels, optimizer included), attention (the fused attention kernels:
+    flash, cuDNN or memory-efficient), optimizer (its kernels alone), communication
     (NCCL kernels), communication exposed (NCCL time with no compute kernel running), idle (no kernel)."""
     comm = _union([(s, e) for n, s, e in kernels if "nccl" in n.lower()])
     compute = _union([(s, e) for n, s, e in kernels if "nccl" not in n.lower()])
@@ -118,11 +119,15 @@ def breakdown_from_kernels(kernels: list[tuple[str, float, float]], wall: float,
             if "nccl" not in n.lower() and any(k in n.lower() for k in ("adam", "multi_tensor", "foreach"))
         ]
     )
+    attention = _union(
+        [(s, e) for n, s, e in kernels if any(k in n.lower() for k in ("flash", "fmha", "cudnn", "attention"))]
+    )
     busy = _length(_union(comm + compute))
     ms = lambda us: us / 1000 / num_steps  # noqa: E731
     return {
         "step": ms(wall),
         "compute": ms(_length(compute)),
+        "attention": ms(_length(attention)),
         "optimizer": ms(_length(optim)),
         "communication": ms(_length(comm)),
         "communication_exposed": ms(_length(comm) - _overlap(comm, compute)),
@@ -146,7 +151,13 @@ def profile_breakdown(step: Callable[[int], None], num_steps: int) -> dict:
         for e in prof.events()
         if e.device_type == torch.autograd.DeviceType.CUDA
     ]
-    return breakdown_from_kernels(kernels, wall, num_steps)
+    result = breakdown_from_kernels(kernels, wall, num_steps)
+    totals: dict[str, float] = {}
+    for n, s, e in kernels:
+        totals[n] = totals.get(n, 0.0) + e - s
+    top = sorted(totals.items(), key=lambda kv: -kv[1])[:6]
+    print("  top kernels (ms per step): " + "; ".join(f"{n[:70]} {t / 1000 / num_steps:.1f}" for n, t in top))
+    return result
 
 
 def summarise(
