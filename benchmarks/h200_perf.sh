@@ -5,8 +5,9 @@
 #                                            # tensorwise and rowwise, max-autotune) and torchtitan rows
 #   bash benchmarks/h200_perf.sh llama3.1-8b # the same model comparison for Llama-3.1-8B
 #   bash benchmarks/h200_perf.sh parity      # bf16, fp8 tensorwise, fp8 rowwise: 200 steps each, one GPU
-#   bash benchmarks/h200_perf.sh round2-7b   # cuDNN attention first against flash, batch 3/4, accumulation
-#   bash benchmarks/h200_perf.sh round2-8b   # the same for Llama-3.1-8B, bf16 and fp8
+#   bash benchmarks/h200_perf.sh round2-7b   # default, torchtitan, batch 3 with bf16 moments, accumulation
+#   bash benchmarks/h200_perf.sh round2-8b   # Llama-3.1-8B at batch 3 with bf16 moments, bf16 and fp8
+#   bash benchmarks/h200_perf.sh round2-profile round2-titan-8b round2-autotune   # see each stage
 # torchtitan and torchao travel as wheels in .whl/ (pinned: torchtitan 0.2.2, torchao 0.17.0).
 # Results (JSON lines, logs) go to ${OUT:-/tmp/h200-perf}. PERF_BUDGET_S (default 560) bounds a stage:
 # a row that could not finish in what is left is skipped and says so.
@@ -76,40 +77,38 @@ for stage in "$@"; do
         --set parallelism.precision=fp8
       row batch3-bf16-moments 80 train_bench "${m[@]}" --batch-size 3 --set training.bf16_optimizer_state=true ;;
     round2-7b)
-      # Round two (benchmarks/reports/2026-12-04-performance-round-2.md): cuDNN attention first
-      # (model.attn_backend), beside the rows it changes and torchtitan, in one call.
+      # Round two (benchmarks/reports/2026-12-04-performance-round-2.md): the best bf16 row beside the
+      # default, torchtitan and two micro-batches of 3 accumulated, in one call. (The cuDNN-first rows of
+      # that report ran at commit 9001129, with the model.attn_backend setting it then had.)
       json=h200x1-perf2-llama2-7b.jsonl
       m=(--model llama2-7b --seq-len 4096)
-      cudnn=(--set model.attn_backend=cudnn)
       row default 70 train_bench "${m[@]}" --batch-size 2
-      row default-cudnn 70 train_bench "${m[@]}" --batch-size 2 "${cudnn[@]}"
       row torchtitan 70 titan_bench "${m[@]}" --batch-size 2
       row batch3-bf16-moments 70 train_bench "${m[@]}" --batch-size 3 "${bf16m[@]}"
-      row batch3-bf16-moments-cudnn 70 train_bench "${m[@]}" --batch-size 3 "${bf16m[@]}" "${cudnn[@]}"
-      row batch4-bf16-moments-cudnn 80 train_bench "${m[@]}" --batch-size 4 "${bf16m[@]}" "${cudnn[@]}"
-      row fp8-batch4-bf16-moments-cudnn 80 train_bench "${m[@]}" --batch-size 4 "${bf16m[@]}" "${cudnn[@]}" \
-        --set parallelism.precision=fp8
-      row batch3-bf16-moments-cudnn-accum2 90 train_bench "${m[@]}" --batch-size 3 "${bf16m[@]}" "${cudnn[@]}" \
+      row batch3-bf16-moments-accum2 90 train_bench "${m[@]}" --batch-size 3 "${bf16m[@]}" \
         --set training.grad_accum_steps=2 ;;
     round2-profile)
-      # Where a bf16 batch-3 step's GPU time goes, flash against cuDNN first (the top kernels in the log).
+      # Where a bf16 batch-3 step's GPU time goes (the top kernels in the log).
       json=h200x1-perf2-profile.jsonl
       m=(--model llama2-7b --seq-len 4096 --batch-size 3 --profile 2)
-      row profile-batch3-bf16-moments 80 train_bench "${m[@]}" "${bf16m[@]}"
-      row profile-batch3-bf16-moments-cudnn 80 train_bench "${m[@]}" "${bf16m[@]}" --set model.attn_backend=cudnn ;;
+      row profile-batch3-bf16-moments 80 train_bench "${m[@]}" "${bf16m[@]}" ;;
+    round2-titan-8b)
+      # Llama-3.1-8B's default (auto -> full checkpointing) beside torchtitan with the same checkpointing.
+      json=h200x1-perf2-titan-llama3.1-8b.jsonl
+      m=(--model llama3.1-8b --seq-len 4096 --batch-size 2)
+      row default 80 train_bench "${m[@]}"
+      row torchtitan 80 titan_bench "${m[@]}" --checkpointing "$(resolved_ac default)" ;;
+    round2-autotune)
+      # Inductor's matmul autotuning on the best bf16 row, with the time it needs to finish.
+      json=h200x1-perf2-autotune.jsonl
+      row batch3-bf16-moments-max-autotune 300 train_bench --model llama2-7b --seq-len 4096 --batch-size 3 \
+        "${bf16m[@]}" --set parallelism.compile_mode=max-autotune ;;
     round2-8b)
       json=h200x1-perf2-llama3.1-8b.jsonl
       m=(--model llama3.1-8b --seq-len 4096)
-      cudnn=(--set model.attn_backend=cudnn)
       bf16m8=(--set training.bf16_optimizer_state=true)
       row batch3-bf16-moments 80 train_bench "${m[@]}" --batch-size 3 "${bf16m8[@]}"
-      row batch3-bf16-moments-cudnn 80 train_bench "${m[@]}" --batch-size 3 "${bf16m8[@]}" "${cudnn[@]}"
       row fp8-batch3-bf16-moments 80 train_bench "${m[@]}" --batch-size 3 "${bf16m8[@]}" --set parallelism.precision=fp8
-      row fp8-batch3-bf16-moments-cudnn 80 train_bench "${m[@]}" --batch-size 3 "${bf16m8[@]}" "${cudnn[@]}" \
-        --set parallelism.precision=fp8
-      row fp8-batch4-bf16-moments-cudnn 80 train_bench "${m[@]}" --batch-size 4 "${bf16m8[@]}" "${cudnn[@]}" \
-        --set parallelism.precision=fp8
-      row default-cudnn 80 train_bench "${m[@]}" --batch-size 2 "${cudnn[@]}"
       row default 80 train_bench "${m[@]}" --batch-size 2
       row torchtitan 80 titan_bench "${m[@]}" --batch-size 2 --checkpointing "$(resolved_ac default)" ;;
     parity)

@@ -41,6 +41,8 @@ SPEED_OUTSIDE = {
     # rows beside them): 12-16% slower than their batch predicts; the model sees allocated memory only.
     ("h200x1-perf-llama2-7b.jsonl", "batch4-bf16-moments"): "the allocator near capacity (138.4 GiB reserved)",
     ("h200x1-perf-llama3.1-8b.jsonl", "fp8-batch4-bf16-moments"): "the allocator near capacity (138.5 GiB reserved)",
+    ("h200x1-perf2-llama2-7b.jsonl", "batch4-bf16-moments-cudnn"): "the allocator near capacity (138.4 GiB reserved)",
+    ("h200x1-perf2-llama3.1-8b.jsonl", "fp8-batch4-bf16-moments-cudnn"): "the allocator near capacity (138.5 GiB)",
 }
 
 

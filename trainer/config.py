@@ -52,11 +52,6 @@ class ModelConfig:
     init_seed: int = 0
     # Attention kernel: "sdpa" (PyTorch scaled_dot_product_attention, flash/cuDNN on GPU) or "eager".
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"
-    # Which fused kernel sdpa tries first on GPU: "auto" (PyTorch's own order, flash attention first),
-    # "cudnn" (cuDNN's attention first, then flash, memory-efficient and math: a shape or mask cuDNN
-    # cannot run falls through to the next) or "flash". Measured on one H200:
-    # benchmarks/reports/2026-12-04-performance-round-2.md.
-    attn_backend: Literal["auto", "cudnn", "flash"] = "auto"
 
     def __post_init__(self) -> None:
         _require(bool(self.name), "model.name", "must name an architecture, e.g. llama2-7b or tiny")

@@ -134,31 +134,8 @@ def architecture(config: LlamaConfig, name: str) -> Architecture:
     )
 
 
-_ATTENTION_CONTEXTS: list[Any] = []
-_ATTENTION_ORDER = {
-    "cudnn": ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH"),
-    "flash": ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH"),
-}
-
-
-def select_attention_backend(backend: str) -> None:
-    """Make `backend` sdpa's first choice for the rest of the process ("auto" leaves PyTorch's order).
-    Set before the blocks are compiled: the compiled graph holds the kernel chosen when it was traced."""
-    if backend == "auto":
-        return
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    # The context manager is the public way to set the priority order; it is entered and never left,
-    # so the order holds process-wide (train.py and the benchmarks build one model per process). It is
-    # kept referenced: a collected generator context runs its exit, which restores the old order.
-    context = sdpa_kernel([getattr(SDPBackend, b) for b in _ATTENTION_ORDER[backend]], set_priority=True)
-    context.__enter__()
-    _ATTENTION_CONTEXTS.append(context)
-
-
 def build_model(cfg: ModelConfig, model_dir: str = "") -> LlamaForTraining:
     """The model on the meta device: nothing allocated until `materialize`."""
-    select_attention_backend(cfg.attn_backend)
     config = hf_config(cfg, model_dir)
     with torch.device("meta"):
         return LlamaForTraining(config)
