@@ -262,12 +262,13 @@ def test_workers_whose_collectives_broke_with_the_lost_node_are_restartable_too(
     # No restart left, and what torchrun sees first is its worker failing in a collective (gloo:
     # connection closed by peer), exit 1 like any trainer exception. Which torchrun meets first, its
     # worker's exit or its own store read at the next monitor tick, is a race on a loaded machine, so
-    # the agent is stopped (SIGSTOP) until its worker has exited and only then continued.
+    # the agent is stopped (SIGSTOP) in the sleep between two ticks until its worker can be reaped, and
+    # only then continued. Stopped anywhere else in a tick, it would go on to that tick's store read.
     nodes = job(tmp_path, ["--max-restarts=0"], ["checkpoint.interval_steps=2"])
     (first, _), (second, second_log) = nodes
     wait_for_checkpoint(tmp_path / "ckpt", nodes)
     (worker,) = worker_pids(second.pid).values()
-    os.kill(second.pid, signal.SIGSTOP)
+    stop_while_sleeping(second.pid)
     try:
         lose_node(first)
         deadline = time.monotonic() + 60
@@ -282,13 +283,37 @@ def test_workers_whose_collectives_broke_with_the_lost_node_are_restartable_too(
     assert re.search(r"launch: the workers failed \(rank \d exit 1\); the rendezvous store is gone", log), log[-3000:]
 
 
+# The sleeps of Python's time.sleep (clock_nanosleep, nanosleep) by machine.
+SLEEP_SYSCALLS = {"x86_64": {"230", "35"}, "aarch64": {"115", "101"}}
+
+
+def stop_while_sleeping(pid: int, timeout: float = 60) -> None:
+    """SIGSTOP process `pid` at a moment its main thread is in a sleep: a stopped task's
+    /proc/PID/syscall names the system call it stopped in (-1 when it stopped running its own code)."""
+    sleeps = SLEEP_SYSCALLS[os.uname().machine]
+    deadline = time.monotonic() + timeout
+    while True:
+        os.kill(pid, signal.SIGSTOP)
+        while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+            time.sleep(0.001)
+        if Path(f"/proc/{pid}/syscall").read_text().split()[0] in sleeps:
+            return
+        os.kill(pid, signal.SIGCONT)
+        assert time.monotonic() < deadline, f"process {pid} was never stopped in a sleep"
+        time.sleep(0.037)
+
+
 def exited(pid: int) -> bool:
-    """Whether process `pid` has exited: gone, or a zombie its stopped parent has not reaped yet."""
+    """Whether process `pid` has exited so that its parent's waitpid reaps it: gone, or a zombie with
+    no thread left. The main thread of a process of many threads turns zombie first; until the last
+    of its threads has exited (a loaded machine takes a while to tear the trainer down), waitpid still
+    finds it running, and so does torchrun's poll."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return True
-    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    return fields["State"].split()[0] in ("Z", "X") and int(fields.get("Threads", "1")) <= 1
 
 
 @pytest.mark.slow
