@@ -136,7 +136,8 @@ def breakdown_from_kernels(kernels: list[tuple[str, float, float]], wall: float,
 
 
 def profile_breakdown(step: Callable[[int], None], num_steps: int) -> dict:
-    """Run num_steps more steps under torch.profiler; where the GPU time of rank 0 went, per step."""
+    """Run num_steps more steps under torch.profiler; where the GPU time of rank 0 went, per step, and
+    the kernels that took most of it (`top_kernels`)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -151,13 +152,15 @@ def profile_breakdown(step: Callable[[int], None], num_steps: int) -> dict:
         for e in prof.events()
         if e.device_type == torch.autograd.DeviceType.CUDA
     ]
-    result = breakdown_from_kernels(kernels, wall, num_steps)
     totals: dict[str, float] = {}
     for n, s, e in kernels:
         totals[n] = totals.get(n, 0.0) + e - s
     top = sorted(totals.items(), key=lambda kv: -kv[1])[:6]
-    print("  top kernels (ms per step): " + "; ".join(f"{n[:70]} {t / 1000 / num_steps:.1f}" for n, t in top))
-    return result
+    # The six kernels that took the most GPU time, in milliseconds per step.
+    return {
+        **breakdown_from_kernels(kernels, wall, num_steps),
+        "top_kernels": {n: t / 1000 / num_steps for n, t in top},
+    }
 
 
 def summarise(

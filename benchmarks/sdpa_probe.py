@@ -26,12 +26,12 @@ def probe(batch: int, heads: int, kv_heads: int, seq: int, head_dim: int, reps: 
     print(f"sdpa picks {picked} for batch {batch}, heads {heads}/{kv_heads}, sequence {seq}, head {head_dim}")
     # Causal attention's executed FLOPs: forward 2 matmuls, backward 5 (scores recomputed), halved.
     flops = 7 * 2 * batch * heads * seq * seq * head_dim / 2
+
+    def step() -> None:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        out.sum().backward()
+
     for kernel in KERNELS:
-
-        def step() -> None:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-            out.sum().backward()
-
         try:
             with sdpa_kernel(getattr(SDPBackend, kernel)):
                 for _ in range(3):

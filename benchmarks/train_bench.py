@@ -121,7 +121,10 @@ def main(
     if breakdown:
         result["profile"] = breakdown
         if env.rank == 0:
-            print("  profile (ms per step): " + ", ".join(f"{k} {v:.1f}" for k, v in breakdown.items()))
+            times_ms = {k: v for k, v in breakdown.items() if k != "top_kernels"}
+            print("  profile (ms per step): " + ", ".join(f"{k} {v:.1f}" for k, v in times_ms.items()))
+            top = breakdown["top_kernels"].items()
+            print("  top kernels (ms per step): " + "; ".join(f"{n[:70]} {t:.1f}" for n, t in top))
     emit(result, json_path)
     dist.destroy_process_group()
 

@@ -294,7 +294,7 @@ def stop_while_sleeping(pid: int, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while True:
         os.kill(pid, signal.SIGSTOP)
-        while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+        while proc_status(pid)["State"] != "T":
             time.sleep(0.001)
         if Path(f"/proc/{pid}/syscall").read_text().split()[0] in sleeps:
             return
@@ -309,11 +309,20 @@ def exited(pid: int) -> bool:
     of its threads has exited (a loaded machine takes a while to tear the trainer down), waitpid still
     finds it running, and so does torchrun's poll."""
     try:
-        status = Path(f"/proc/{pid}/status").read_text()
+        status = proc_status(pid)
     except OSError:
         return True
-    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-    return fields["State"].split()[0] in ("Z", "X") and int(fields.get("Threads", "1")) <= 1
+    return status["State"] in ("Z", "X") and int(status.get("Threads", "1")) <= 1
+
+
+def proc_status(pid: int) -> dict[str, str]:
+    """/proc/PID/status as {field: value}, State as its one letter (R, S, T, Z...)."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        fields[key] = value.strip()
+    fields["State"] = fields["State"].split()[0]
+    return fields
 
 
 @pytest.mark.slow
