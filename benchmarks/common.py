@@ -155,12 +155,39 @@ def profile_breakdown(step: Callable[[int], None], num_steps: int) -> dict:
     totals: dict[str, float] = {}
     for n, s, e in kernels:
         totals[n] = totals.get(n, 0.0) + e - s
-    top = sorted(totals.items(), key=lambda kv: -kv[1])[:6]
-    # The six kernels that took the most GPU time, in milliseconds per step.
+    top = sorted(totals.items(), key=lambda kv: -kv[1])[:12]
+    families: dict[str, float] = {}
+    for n, t in totals.items():
+        families[kernel_family(n)] = families.get(kernel_family(n), 0.0) + t / 1000 / num_steps
+    # The twelve kernels that took the most GPU time, and every family's sum, in milliseconds per step.
     return {
         **breakdown_from_kernels(kernels, wall, num_steps),
         "top_kernels": {n: t / 1000 / num_steps for n, t in top},
+        "kernel_families": dict(sorted(families.items(), key=lambda kv: -kv[1])),
     }
+
+
+# A kernel's family by its name, first match wins: what a step's GPU time is spent on, beyond the
+# breakdown's overlapping categories (copies and casts are FSDP's gathers and gradient reductions on
+# one GPU, where NCCL's collectives are copies).
+_FAMILIES = (
+    ("nccl", ("nccl",)),
+    ("attention", ("flash", "fmha", "cudnn", "attention", "sdpa")),
+    ("optimizer", ("adam", "multi_tensor", "foreach")),
+    ("matmul", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "splitk")),
+    ("inductor (fused elementwise, norms, loss)", ("triton",)),
+    ("copy and cast", ("copy", "memcpy", "cat", "split", "memset", "fill")),
+    ("reduction", ("reduce",)),
+)
+
+
+def kernel_family(name: str) -> str:
+    """The family (_FAMILIES) of a GPU kernel's name; "other elementwise" when none matches."""
+    low = name.lower()
+    for family, keys in _FAMILIES:
+        if any(k in low for k in keys):
+            return family
+    return "other elementwise"
 
 
 def summarise(

@@ -8,6 +8,7 @@
 #   bash benchmarks/h200_perf.sh round2-7b   # default, torchtitan, batch 3 with bf16 moments, accumulation
 #   bash benchmarks/h200_perf.sh round2-8b   # Llama-3.1-8B at batch 3 with bf16 moments, bf16 and fp8
 #   bash benchmarks/h200_perf.sh round2-profile round2-titan-8b round2-autotune   # see each stage
+#   PERF_BEFORE=FILE bash benchmarks/h200_perf.sh round3-7b round3-8b; bash benchmarks/h200_perf.sh round3-explore
 # torchtitan and torchao travel as wheels in .whl/ (pinned: torchtitan 0.2.2, torchao 0.17.0).
 # Results (JSON lines, logs) go to ${OUT:-/tmp/h200-perf}. PERF_BUDGET_S (default 560) bounds a stage:
 # a row that could not finish in what is left is skipped and says so.
@@ -36,8 +37,8 @@ row() {
     return
   fi
   t0=$(date +%s)
-  BENCH_LAUNCHER="python3 -m torch.distributed.run --standalone --nproc_per_node=1" timeout $((rest - 5)) python3 -m torch.distributed.run --standalone --nproc_per_node=1 "benchmarks/$tool.py" \
-    --warmup 3 --steps 8 --name "$name" --json "$out/$json" "$@" >"$out/$name.log" 2>&1
+  (cd "${ROW_TREE:-.}" && BENCH_LAUNCHER="python3 -m torch.distributed.run --standalone --nproc_per_node=1" timeout $((rest - 5)) python3 -m torch.distributed.run --standalone --nproc_per_node=1 "benchmarks/$tool.py" \
+    --warmup 3 --steps 8 --name "$name" --json "$out/$json" "$@" >"$out/$name.log" 2>&1)
   local rc=$?
   grep -E "^== |tokens/s per GPU|MFU|peak allocated" "$out/$name.log"
   [ $rc -eq 0 ] || { echo "FAILED $name: exit $rc"; grep -E "Error|error" "$out/$name.log" | tail -3; }
@@ -50,6 +51,16 @@ print([r for r in rows if r["name"] == sys.argv[2]][-1]["config"]["parallelism.a
     "$out/$json" "$1" 2>/dev/null || echo selective
 }
 bf16m=(--set training.bf16_optimizer_state=true --set parallelism.activation_checkpointing=none)
+# Round three's "-before" rows run in a copy of this tree whose trainer/optim.py is PERF_BEFORE (the
+# file as it was before the change measured, e.g. `git show b357eee:trainer/optim.py`); unset, skipped.
+before_tree() {
+  [ -n "${PERF_BEFORE:-}" ] || return 1
+  if [ ! -d /tmp/h200-perf-before ]; then
+    mkdir -p /tmp/h200-perf-before && cp -a benchmarks trainer generators /tmp/h200-perf-before/ \
+      && cp "$PERF_BEFORE" /tmp/h200-perf-before/trainer/optim.py
+  fi
+}
+before_row() { before_tree && ROW_TREE=/tmp/h200-perf-before row "$@"; }
 for stage in "$@"; do
   case "$stage" in
     llama2-7b)
@@ -111,6 +122,45 @@ for stage in "$@"; do
       row fp8-batch3-bf16-moments 80 train_bench "${m[@]}" --batch-size 3 "${bf16m8[@]}" --set parallelism.precision=fp8
       row default 80 train_bench "${m[@]}" --batch-size 2
       row torchtitan 80 titan_bench "${m[@]}" --batch-size 2 --checkpointing "$(resolved_ac default)" ;;
+    round3-7b)
+      # Round three: the clipping coefficient applied inside the optimizer's update instead of a pass of
+      # its own (before/after, same call), and keeping the parameters gathered between forward and
+      # backward (SHARD_GRAD_OP) on one GPU, at batch 3 and at batch 2 where memory allows it.
+      json=h200x1-perf3-llama2-7b.jsonl
+      m=(--model llama2-7b --seq-len 4096)
+      before_row batch3-bf16-moments-before 70 train_bench "${m[@]}" --batch-size 3 "${bf16m[@]}"
+      row batch3-bf16-moments 70 train_bench "${m[@]}" --batch-size 3 "${bf16m[@]}"
+      before_row default-before 70 train_bench "${m[@]}" --batch-size 2
+      row default 70 train_bench "${m[@]}" --batch-size 2
+      row batch3-bf16-moments-shard-grad-op 70 train_bench "${m[@]}" --batch-size 3 "${bf16m[@]}" \
+        --set parallelism.sharding_strategy=SHARD_GRAD_OP
+      row batch2-bf16-moments 70 train_bench "${m[@]}" --batch-size 2 "${bf16m[@]}"
+      row batch2-bf16-moments-shard-grad-op 70 train_bench "${m[@]}" --batch-size 2 "${bf16m[@]}" \
+        --set parallelism.sharding_strategy=SHARD_GRAD_OP ;;
+    round3-8b)
+      # Llama-3.1-8B's goal rows with the clipping folded into the update.
+      json=h200x1-perf3-llama3.1-8b.jsonl
+      m=(--model llama3.1-8b --seq-len 4096)
+      row batch3-bf16-moments 80 train_bench "${m[@]}" --batch-size 3 --set training.bf16_optimizer_state=true
+      row fp8-batch3-bf16-moments 80 train_bench "${m[@]}" --batch-size 3 --set training.bf16_optimizer_state=true \
+        --set parallelism.precision=fp8
+      row default 80 train_bench "${m[@]}" --batch-size 2 ;;
+    round3-explore)
+      # Where the batch-3 step's time goes by kernel family (--profile), torchtitan beside the default
+      # with the clipping folded in, and the FSDP settings a one-GPU run can change.
+      json=h200x1-perf3-explore.jsonl
+      m=(--model llama2-7b --seq-len 4096)
+      row profile-batch3-bf16-moments 80 train_bench "${m[@]}" --batch-size 3 "${bf16m[@]}" --profile 2
+      row default 70 train_bench "${m[@]}" --batch-size 2
+      row torchtitan 70 titan_bench "${m[@]}" --batch-size 2
+      row batch3-bf16-moments-reshard-last 70 train_bench "${m[@]}" --batch-size 3 "${bf16m[@]}" \
+        --set parallelism.reshard_last_layer=true
+      row batch3-bf16-moments-loss-chunk-12288 70 train_bench "${m[@]}" --batch-size 3 "${bf16m[@]}" \
+        --set training.loss_chunk_size=12288
+      row batch3-bf16-moments-no-prefetch 70 train_bench "${m[@]}" --batch-size 3 "${bf16m[@]}" \
+        --set parallelism.prefetch=false
+      row fp8-batch4-bf16-moments 80 train_bench "${m[@]}" --batch-size 4 "${bf16m[@]}" \
+        --set parallelism.precision=fp8 ;;
     parity)
       timeout $(($(left) - 5)) python3 benchmarks/fp8_parity.py --out "$out/parity" --steps "${PARITY_STEPS:-200}" \
         --variants bf16,fp8,fp8-rowwise 2>&1 | tee "$out/parity.log" | grep -vE "^\s*$" | tail -8

@@ -121,10 +121,12 @@ def main(
     if breakdown:
         result["profile"] = breakdown
         if env.rank == 0:
-            times_ms = {k: v for k, v in breakdown.items() if k != "top_kernels"}
+            times_ms = {k: v for k, v in breakdown.items() if k not in ("top_kernels", "kernel_families")}
             print("  profile (ms per step): " + ", ".join(f"{k} {v:.1f}" for k, v in times_ms.items()))
             top = breakdown["top_kernels"].items()
             print("  top kernels (ms per step): " + "; ".join(f"{n[:70]} {t:.1f}" for n, t in top))
+            families = breakdown["kernel_families"].items()
+            print("  kernel families (ms per step): " + "; ".join(f"{n} {t:.1f}" for n, t in families))
     emit(result, json_path)
     dist.destroy_process_group()
 

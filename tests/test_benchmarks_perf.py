@@ -63,3 +63,23 @@ def test_parity_refuses_variants_that_do_not_start_with_bf16_or_are_unknown(vari
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "bf16 first" in proc.stderr
     assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize(
+    ("kernel", "family"),
+    [
+        ("nvjet_sm90_tst_256x128_64x4_2x1_v_bz_coopA_NTN", "matmul"),
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "matmul"),
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3", "attention"),
+        ("triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_0", "inductor (fused elementwise, norms, loss)"),
+        ("void at::native::split_with_sizes_copy_out_contiguous_no_cast_kernel", "copy and cast"),
+        ("Memcpy DtoD (Device -> Device)", "copy and cast"),
+        ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "nccl"),
+        ("triton_poi_fused__adamw_bf16_update_0", "optimizer"),
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::AUnaryFunctor>", "other elementwise"),
+    ],
+)
+def test_a_profiled_kernel_is_counted_in_its_family(kernel, family):
+    from benchmarks.common import kernel_family
+
+    assert kernel_family(kernel) == family

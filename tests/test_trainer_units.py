@@ -26,7 +26,7 @@ from trainer.data import (
 )
 from trainer.loss import linear_cross_entropy
 from trainer.metrics import MetricsLogger
-from trainer.optim import AdamWBf16State, StepResult, lr_factor, total_steps
+from trainer.optim import AdamWBf16State, StepResult, clip_coefficient, lr_factor, step_clipped, total_steps
 from trainer.train import DistEnv
 
 SAMSUM = str(REPO_ROOT / "tests" / "data" / "samsum_tiny.jsonl")
@@ -216,6 +216,35 @@ def test_bf16_state_adamw_tracks_torch_adamw():
     assert ours.state[ours_p]["exp_avg"].dtype == torch.bfloat16
     moved = (ref_p - start).abs().mean()
     assert (ours_p - ref_p).abs().mean() < 0.02 * moved
+
+
+@pytest.mark.parametrize("kind", ["fused", "foreach", "bf16-moments"])
+def test_clipping_inside_the_update_matches_clip_grad_norm(kind):
+    """step_clipped applies the clipping coefficient in the optimizer's own pass; the parameters and
+    moments it leaves are clip_grad_norm_ + step()'s, for a clipped and an unclipped step."""
+
+    def make(p):
+        if kind == "bf16-moments":
+            return AdamWBf16State([p], lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
+        return torch.optim.AdamW([p], lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1, **{kind: True})
+
+    torch.manual_seed(0)
+    start = torch.randn(64, 32)
+    ours_p, ref_p = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
+    ours, ref = make(ours_p), make(ref_p)
+    for max_norm in (0.5, 1e6, 0.5):
+        grad = torch.randn(64, 32)
+        ours_p.grad, ref_p.grad = grad.clone(), grad.clone()
+        norm, coef = clip_coefficient([ours_p.grad], max_norm)
+        step_clipped(ours, [ours_p.grad], coef)
+        ref_norm = torch.nn.utils.clip_grad_norm_([ref_p], max_norm)
+        ref.step()
+        assert torch.allclose(norm, ref_norm)
+        assert coef.item() == pytest.approx(min(1.0, max_norm / ref_norm.item()), rel=1e-5)
+    assert not hasattr(ours, "grad_scale")
+    assert (ours_p - start).abs().mean() > 1e-3
+    torch.testing.assert_close(ours_p, ref_p, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ours.state[ours_p]["exp_avg"], ref.state[ref_p]["exp_avg"], rtol=1e-3, atol=1e-6)
 
 
 # --- config and launch environment ------------------------------------------------------------------

@@ -44,13 +44,15 @@ def _adamw_bf16_update(
     weight_decay: torch.Tensor,
     bias_correction1: torch.Tensor,
     bias_correction2_sqrt: torch.Tensor,
+    grad_coef: torch.Tensor,
 ) -> None:
-    """One AdamW step of one tensor: moments stored in bf16, arithmetic in fp32.
+    """One AdamW step of one tensor: moments stored in bf16, arithmetic in fp32; the gradient is
+    multiplied by grad_coef first (the clipping coefficient, read here instead of in a pass of its own).
 
     The scalars are 0-dim tensors on the device, so the compiled version is one graph for every
     step (python floats would be baked in and recompiled whenever the learning rate changes).
     """
-    grad = grad.float()
+    grad = grad.float() * grad_coef
     m = exp_avg.float().lerp_(grad, 1 - beta1)
     v = exp_avg_sq.float().mul_(beta2).add_((1 - beta2) * grad * grad)
     exp_avg.copy_(m)
@@ -96,15 +98,16 @@ class AdamWBf16State(torch.optim.Optimizer):
         return self._compiled
 
     @overload
-    def step(self, closure: None = None) -> None: ...
+    def step(self, closure: None = None, grad_coef: torch.Tensor | None = None) -> None: ...
 
     @overload
-    def step(self, closure: Callable[[], float]) -> float: ...
+    def step(self, closure: Callable[[], float], grad_coef: torch.Tensor | None = None) -> float: ...
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+    def step(self, closure: Callable[[], float] | None = None, grad_coef: torch.Tensor | None = None) -> float | None:
         """One AdamW update of every parameter with a gradient; `closure` (torch's convention) recomputes
-        and returns the loss first."""
+        and returns the loss first. grad_coef (a 0-dim tensor) multiplies every gradient in the update
+        itself, without changing the stored gradients (see step_clipped)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -136,11 +139,52 @@ class AdamWBf16State(torch.optim.Optimizer):
                             1 - beta1 ** key[1],
                             math.sqrt(1 - beta2 ** key[1]),
                         )
-                    )
+                    ) + (_coef_on(grad_coef, param.device),)
                 self._update_fn(param.device)(
                     param, _local(p.grad), _local(state["exp_avg"]), _local(state["exp_avg_sq"]), *scalars[key]
                 )
         return loss
+
+
+def _coef_on(grad_coef: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    if grad_coef is None:
+        return torch.ones((), dtype=torch.float32, device=device)
+    return grad_coef.to(device=device, dtype=torch.float32, non_blocking=True)
+
+
+def clip_coefficient(grads: Sequence[torch.Tensor], max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(global gradient norm, clipping coefficient min(1, max_norm / (norm + 1e-6))), as
+    clip_grad_norm_ computes them, without multiplying the gradients: the optimizer applies the
+    coefficient inside its own update (step_clipped). Both are plain 0-dim tensors on the device."""
+    norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    return norm, torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+
+
+def step_clipped(optimizer: torch.optim.Optimizer, grads: Sequence[torch.Tensor], coef: torch.Tensor) -> None:
+    """optimizer.step() on the gradients multiplied by coef, in the update's own pass where the
+    optimizer has one: clip_grad_norm_'s separate multiply reads and writes every fp32 gradient
+    (54 GB a step for a 7B model, about 14 ms of an H200's step).
+
+    - AdamWBf16State: coef enters its compiled update kernel.
+    - torch's fused AdamW: coef enters as grad_scale (its kernel divides each gradient by it, as it
+      does for a GradScaler's scale).
+    - any other (the CPU foreach AdamW): the gradients are multiplied first, as clip_grad_norm_ does.
+    """
+    if isinstance(optimizer, AdamWBf16State):
+        optimizer.step(grad_coef=coef)
+        return
+    if isinstance(optimizer, torch.optim.AdamW) and all(g["fused"] for g in optimizer.param_groups):
+        optimizer.grad_scale = coef.reciprocal()  # type: ignore[attr-defined]
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.grad_scale  # type: ignore[attr-defined]
+        return
+    if grads:
+        torch._foreach_mul_(list(grads), coef.to(grads[0].device))
+    optimizer.step()
 
 
 def settle_heap() -> None:
@@ -258,11 +302,9 @@ def train_step(
         (loss * scale).backward()
         loss_sum += loss.detach()
     max_norm = cfg.grad_clip_norm if cfg.grad_clip_norm > 0 else math.inf
-    # clip_grad_norm_ skips parameters without gradients itself.
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=True)
-    if isinstance(grad_norm, DTensor):
-        grad_norm = grad_norm.full_tensor()
-    optimizer.step()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    grad_norm, coef = clip_coefficient(grads, max_norm)
+    step_clipped(optimizer, grads, coef)
     optimizer.zero_grad(set_to_none=True)
     if _fp8_all_gather_modules(model):
         # One all-reduce for the float8 scales of every weight, instead of one per weight at the
