@@ -43,6 +43,7 @@ SPEED_OUTSIDE = {
     ("h200x1-perf-llama3.1-8b.jsonl", "fp8-batch4-bf16-moments"): "the allocator near capacity (138.5 GiB reserved)",
     ("h200x1-perf2-llama2-7b.jsonl", "batch4-bf16-moments-cudnn"): "the allocator near capacity (138.4 GiB reserved)",
     ("h200x1-perf2-llama3.1-8b.jsonl", "fp8-batch4-bf16-moments-cudnn"): "the allocator near capacity (138.5 GiB)",
+    ("h200x1-perf3-llama2-7b.jsonl", "batch3-bf16-moments-shard-grad-op"): "the allocator near capacity (138.1 GiB)",
 }
 
 
