@@ -168,8 +168,8 @@ def profile_breakdown(step: Callable[[int], None], num_steps: int) -> dict:
 
 
 # A kernel's family by its name, first match wins: what a step's GPU time is spent on, beyond the
-# breakdown's overlapping categories (copies and casts are FSDP's gathers and gradient reductions on
-# one GPU, where NCCL's collectives are copies).
+# breakdown's overlapping categories (on one GPU FSDP runs no collective: its gathers and reductions
+# are the copies and casts).
 _FAMILIES = (
     ("nccl", ("nccl",)),
     ("attention", ("flash", "fmha", "cudnn", "attention", "sdpa")),
