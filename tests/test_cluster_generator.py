@@ -19,6 +19,7 @@ from generators.core.gotools import tool
 from generators.matrix.schema import Cluster
 from generators.plan import plan
 from generators.render import provisioning
+from tools.cluster import schemas
 
 MATRIX = REPO_ROOT / "matrix.yaml"
 RESERVATION = "cr-0123456789abcdef0"
@@ -282,3 +283,12 @@ def test_out_pointing_at_a_file_is_bad_input(tmp_path, cli):
     target.write_text("x")
     result = cli(cluster.main, [str(MATRIX), "--out", str(target)])
     assert result.exit_code == 2 and "is a file" in result.stderr and target.read_text() == "x"
+
+
+def test_the_harness_runs_the_karpenter_release_the_generated_clusters_install() -> None:
+    """tools/cluster/go/karpenter (Karpenter's core with the kwok provider, the harness's autoscaler)
+    and tools/cluster/go/crds (the AWS provider whose CRDs the validation uses) pin KARPENTER_VERSION."""
+    want = f"v{provisioning.KARPENTER_VERSION}"
+    assert schemas.pinned_version(schemas.Source("karpenter", "sigs.k8s.io/karpenter", ()))[0] == want
+    aws = schemas.Source("crds", "github.com/aws/karpenter-provider-aws", ())
+    assert schemas.pinned_version(aws)[0] == want

@@ -57,5 +57,8 @@ def test_every_step_a_level_names_exists_and_options_are_checked() -> None:
         levels.steps("operator", gpu_nodes=2)
     with pytest.raises(ValueError, match="takes no option 'flux'"):
         levels.steps("operator", flux=True)
+    with pytest.raises(ValueError, match="takes no option 'karpenter'"):  # real kubelets, no kwok to play its nodes
+        levels.steps("pods", karpenter=True)
+    assert levels.steps("operator", kueue=True, karpenter=True)[-2:] == ["kueue", "karpenter"]
     assert "training-operator" not in levels.steps("pods", flux=True)
     assert levels.steps("operator", trainjob=True, kueue=True)[-2:] == ["kueue", "kubeflow-trainer"]

@@ -10,7 +10,8 @@ time of the cluster's runs (FSDP_TERM_GRACE_S: the longest grace of its runs) on
 more, queued runs stay queued without holding quota, and runs already admitted run to their own stop.
 A later end in the ConfigMap (an extended or a new block) lifts the hold again (`stopPolicy: None`). With
 no queued or running pods left, the cluster autoscaler scales the GPU node group (minSize 0) to zero
-after its scale-down-unneeded-time.
+after its scale-down-unneeded-time (with --karpenter, Karpenter removes the empty nodes after the
+NodePools' consolidateAfter: tests/cluster/test_cluster_block_end_nodes.py).
 
 It reads the same file the runs read (FSDP_CAPACITY_BLOCK_FILE, the mounted ConfigMap
 fsdp-capacity-block) every FSDP_CAPACITY_BLOCK_POLL_S seconds, and talks to the API server with the

@@ -8,81 +8,23 @@ is admitted whole."""
 
 from __future__ import annotations
 
-import datetime as dt
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-from support import REPO_ROOT
+from block_queue_support import admitted, end_stopping_in, run_docs, start_block_queue, stop_policy, workload_of
 
-from tools.cluster import dryrun
-from tools.cluster.client import TOKEN
 from tools.cluster.cluster import Cluster
-from trainer import capacity_block
 
 pytestmark = pytest.mark.cluster
-
-CLUSTER = "fsdp-p5"
-INSTANCE = "p5.48xlarge"
-GRACE_S = 30.0
-
-
-def iso(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def end_stopping_in(seconds: float) -> str:
-    """A block end whose runs' stop time (capacity_block.stop_time) is `seconds` away."""
-    return iso(time.time() + seconds + capacity_block.TERMINATION_LEAD_S + GRACE_S + capacity_block.MARGIN_S)
-
-
-def run_docs() -> list[dict[str, Any]]:
-    (found,) = sorted((REPO_ROOT / "overlays" / "runs" / CLUSTER).glob("llama2-7b-*-n1-fullshard-*"))
-    return dryrun.render(REPO_ROOT, str(found.relative_to(REPO_ROOT)))
-
-
-def stop_policy(c: Cluster) -> str:
-    return c.get("clusterqueue", name="fsdp")["spec"].get("stopPolicy") or "None"
-
-
-def workload_of(c: Cluster, ns: str, name: str) -> dict[str, Any] | None:
-    for w in c.get("workloads.kueue.x-k8s.io", ns)["items"]:
-        if any(o.get("name") == name for o in w["metadata"].get("ownerReferences", [])):
-            return w
-    return None
-
-
-def admitted(w: dict[str, Any] | None) -> bool:
-    conditions = {x["type"]: x["status"] for x in (w or {}).get("status", {}).get("conditions", [])}
-    return conditions.get("Admitted") == "True"
 
 
 def test_the_queue_holds_from_the_runs_stop_time_and_a_later_block_lifts_it(kcluster: Cluster, tmp_path: Path) -> None:
     c = kcluster
-    sa = tmp_path / "sa"
-    sa.mkdir()
-    (sa / "token").write_text(TOKEN)
-    (sa / "ca.crt").write_bytes((c.work / "pki" / "apiserver.crt").read_bytes())
     end_file = tmp_path / "end"
     end_file.write_text(end_stopping_in(8))
     log = tmp_path / "block-queue.log"
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO_ROOT),
-        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
-        "KUBERNETES_SERVICE_PORT": c.server.rsplit(":", 1)[1],
-        "FSDP_SERVICEACCOUNT_DIR": str(sa),
-        capacity_block.FILE_ENV: str(end_file),
-        capacity_block.GRACE_ENV: str(GRACE_S),
-        capacity_block.POLL_ENV: "0.5",
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "trainer.block_queue"], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT
-    )
+    proc = start_block_queue(c, tmp_path, end_file, log)
     docs = run_docs()
     (job,) = [d for d in docs if d["kind"] == "PyTorchJob"]
     name, ns = job["metadata"]["name"], job["metadata"]["namespace"]

@@ -84,6 +84,8 @@ BINARIES = {
         ),
         Binary("kwok", "kwok", "sigs.k8s.io/kwok/cmd/kwok"),
         Binary("kueue", "kueue", "sigs.k8s.io/kueue/cmd/kueue"),
+        # Karpenter's controllers with their kwok cloud provider (the level option karpenter).
+        Binary("karpenter", "karpenter", "sigs.k8s.io/karpenter/kwok", ("-s -w",)),
         # Kubeflow Trainer v2 and the JobSet controller it runs on (clusters with job_api: trainjob).
         Binary(
             "trainer-controller-manager",

@@ -33,6 +33,7 @@ from tools.cluster.steps import (
     etcd,
     flux,
     hosts,
+    karpenter,
     kubelet,
     kueue,
     kwok,
@@ -64,6 +65,7 @@ STEPS: dict[str, Callable[[Cluster], Any]] = {
     "nodes": nodes.start,
     "training-operator": training_operator.start,
     "kueue": kueue.start,
+    "karpenter": karpenter.start,
     "kubeflow-trainer": trainer.start,
     "prometheus": prometheus.start,
     "sources": sources.start,
@@ -89,6 +91,7 @@ ADD_ONS: dict[str, tuple[str, ...]] = {
     "kueue": ("kueue",),  # True: the repository's release; "<cluster>": that cluster's controllers overlay
     "trainjob": ("kubeflow-trainer",),  # Kubeflow Trainer v2 and JobSet (clusters with job_api: trainjob)
     "prometheus": ("prometheus",),  # Prometheus with no targets until prom.scrape(configs)
+    "karpenter": ("karpenter",),  # on "operator": Karpenter's controllers on kwok nodes (steps/karpenter.py)
     "flux": ("sources", "flux"),  # on "pods": Flux installs the Training Operator and Kueue, run as pods
 }
 # Settings: option -> (the levels that take it, what it does).
@@ -109,7 +112,7 @@ def steps(level: str, **options: Any) -> list[str]:
         raise ValueError(f"unknown level {level!r}; levels: {', '.join(LEVELS)}")
     for name in options:
         known = name in ADD_ONS or level in SETTINGS.get(name, ((), ""))[0]
-        if not known or (name == "flux" and level != "pods"):
+        if not known or (name == "flux" and level != "pods") or (name == "karpenter" and "kwok" not in LEVELS[level]):
             raise ValueError(f"level {level!r} takes no option {name!r}; its options: {', '.join(options_of(level))}")
     found = list(LEVELS[level])
     if options.get("flux") or options.get("training_operator") is False:
@@ -123,8 +126,9 @@ def steps(level: str, **options: Any) -> list[str]:
 
 
 def options_of(level: str) -> list[str]:
-    """The options `level` takes: every add-on (flux on "pods" only) and its settings."""
-    add_ons = [n for n in ADD_ONS if n != "flux" or level == "pods"]
+    """The options `level` takes: every add-on (flux on "pods" only, karpenter where kwok plays the
+    nodes) and its settings."""
+    add_ons = [n for n in ADD_ONS if (n != "flux" or level == "pods") and (n != "karpenter" or "kwok" in LEVELS[level])]
     return add_ons + [n for n, (where, _) in SETTINGS.items() if level in where]
 
 
